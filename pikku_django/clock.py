@@ -1,0 +1,58 @@
+"""
+"Now in epoch milliseconds" as SQL, per database vendor: the one clock every
+lease and step lease is written and judged on.
+
+A lease is judged by whichever worker reads it next, so judging it on each
+worker's own clock would let a worker whose clock runs fast take a live lease.
+PostgreSQL and MySQL/MariaDB read the server's clock, which every worker
+shares; SQLite reads the process clock, which is the same clock for every
+process on its one host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import NotSupportedError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import BigIntegerField, Expression
+
+#: clock_timestamp(), not now(): now() is frozen at the start of the transaction.
+POSTGRESQL_NOW_MS = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
+
+#: Counted from UTC_TIMESTAMP(6), never NOW() or UNIX_TIMESTAMP(NOW()): those
+#: follow the session time zone, and when it falls back an hour two real
+#: instants share one local time. Both operands are DATETIMEs, so no zone
+#: conversion happens. UTC_TIMESTAMP is fixed for the whole statement.
+MYSQL_NOW_MS = (
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+)
+
+#: SQLite's 'now' is the process clock, fixed for the whole statement.
+SQLITE_NOW_MS = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+
+_NOW_MS = {
+    "postgresql": POSTGRESQL_NOW_MS,
+    "mysql": MYSQL_NOW_MS,
+    "sqlite": SQLITE_NOW_MS,
+}
+
+
+def now_ms_sql(connection: BaseDatabaseWrapper) -> str:
+    """The SQL expression for now, in epoch ms, on this connection's clock."""
+    try:
+        return _NOW_MS[connection.vendor]
+    except KeyError:
+        raise NotSupportedError(
+            f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, "
+            f"not {connection.vendor!r}."
+        ) from None
+
+
+class DbNowMs(Expression):
+    """The database clock's now, in epoch ms, for use in ORM queries."""
+
+    output_field = BigIntegerField()
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        return f"({now_ms_sql(connection)})", []

@@ -1,0 +1,60 @@
+"""The PIKKU_* settings, read lazily over their defaults (so override_settings works)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+#: Every setting with its default; ``checks.py`` type-checks each one.
+DEFAULTS: dict[str, int] = {
+    # How long hold_lease() holds a lease between renewals.
+    "PIKKU_LEASE_TTL_MS": 30_000,
+    # How long a claimed workflow step is held before another worker may take it.
+    "PIKKU_STEP_LEASE_MS": 60_000,
+    # Retries of a step after its first attempt (so attempts = retries + 1).
+    "PIKKU_STEP_RETRIES": 5,
+    # How long a running run may sit idle before the sweep wakes it.
+    "PIKKU_STALLED_AFTER_MS": 300_000,
+    # How long a pending step may wait undispatched before the sweep wakes its run.
+    "PIKKU_UNDISPATCHED_AFTER_MS": 30_000,
+    # How long a lapsed lease row is kept before the sweep prunes it.
+    "PIKKU_LEASE_PRUNE_AFTER_MS": 7 * 24 * 3600 * 1000,
+}
+
+#: Settings that may be zero (every other one must be > 0).
+ZERO_ALLOWED = frozenset({"PIKKU_STEP_RETRIES"})
+
+
+class Settings:
+    """Typed, lazy access to the PIKKU_* settings."""
+
+    def _get(self, name: str) -> Any:
+        return getattr(django_settings, name, DEFAULTS[name])
+
+    @property
+    def LEASE_TTL_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_LEASE_TTL_MS"))
+
+    @property
+    def STEP_LEASE_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_STEP_LEASE_MS"))
+
+    @property
+    def STEP_RETRIES(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_STEP_RETRIES"))
+
+    @property
+    def STALLED_AFTER_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_STALLED_AFTER_MS"))
+
+    @property
+    def UNDISPATCHED_AFTER_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_UNDISPATCHED_AFTER_MS"))
+
+    @property
+    def LEASE_PRUNE_AFTER_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_LEASE_PRUNE_AFTER_MS"))
+
+
+conf = Settings()

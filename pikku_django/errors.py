@@ -1,0 +1,98 @@
+"""Every exception pikku_django raises."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.transaction import TransactionManagementError
+
+
+class PikkuError(Exception):
+    """Base class of every error pikku_django raises."""
+
+
+class InvalidArgumentError(PikkuError, ValueError):
+    """An argument was refused before any SQL ran; the message names it."""
+
+
+class PikkuConfigurationError(PikkuError, ImproperlyConfigured):
+    """A PIKKU_* setting is missing or of the wrong type."""
+
+
+class LeaseInTransactionError(PikkuError, TransactionManagementError):
+    """
+    Lease operations commit on their own and cannot run inside
+    ``transaction.atomic()``: a lease granted in an open transaction is invisible
+    to other processes until commit, and a rollback would hand its token out
+    twice. Take the lease before the block, or on another database alias.
+    """
+
+    def __init__(self, using: str) -> None:
+        super().__init__(
+            f"A lease operation on database {using!r} was called inside "
+            "transaction.atomic(). Leases commit on their own: take the lease "
+            "before entering the atomic block, and do the guarded work inside it."
+        )
+
+
+class LeaseTakenError(PikkuError):
+    """The lease is held by someone else."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"Lease {key!r} is held by another holder; try again later.")
+
+
+class LeaseLostError(PikkuError):
+    """The lease lapsed or passed to another holder while its body ran."""
+
+    def __init__(self, key: str, token: int) -> None:
+        self.key = key
+        self.token = token
+        super().__init__(
+            f"Lease {key!r} (token {token}) was lost while its body ran: it lapsed "
+            "or passed to another holder, so the body's work was not done under it."
+        )
+
+
+class StepLeaseExpiredError(PikkuError):
+    """A workflow step lost its worker on every one of its attempts."""
+
+    def __init__(self, run_id: object, step_name: str, attempts: int) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.attempts = attempts
+        super().__init__(
+            f"Step {step_name!r} of run {run_id} lost its worker on every one of "
+            f"its {attempts} attempts (its lease lapsed each time); it is failed "
+            "rather than tried again."
+        )
+
+
+class StepSupersededError(PikkuError):
+    """A newer attempt owns the step; this attempt's write was refused."""
+
+    def __init__(self, step_id: object, attempt: int | None) -> None:
+        self.step_id = step_id
+        self.attempt = attempt
+        super().__init__(
+            f"Attempt {attempt} of step {step_id} was superseded: another attempt "
+            "owns the step now, so this write was refused and nothing changed."
+        )
+
+
+class StepFunctionMismatchError(PikkuError):
+    """A step was claimed with a function other than the one it was created with."""
+
+    def __init__(self, run_id: object, step_name: str, expected: str, got: str) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.expected = expected
+        self.got = got
+        super().__init__(
+            f"Step {step_name!r} of run {run_id} runs {expected!r}, not {got!r}: "
+            "a step name must keep its function for the life of the run."
+        )
+
+
+class WorkflowNotFoundError(PikkuError, LookupError):
+    """No workflow is registered under this name."""

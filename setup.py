@@ -1,0 +1,41 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="pikku-django",
+    version="0.1.0",
+    description="Durable leases and workflow steps for Django, judged on the database's clock.",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    packages=find_packages(include=["pikku_django", "pikku_django.*"]),
+    package_data={"pikku_django": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=["Django>=5.2,<7"],
+    extras_require={
+        "postgres": ["psycopg[binary]>=3.1"],
+        "mysql": ["mysqlclient>=2.2"],
+        "test": [
+            "pytest>=8",
+            "pytest-django>=4.9",
+            "django-environ>=0.11",
+            "hypothesis>=6",
+            "psycopg[binary]>=3.1",
+            "mysqlclient>=2.2",
+        ],
+        "dev": ["ruff>=0.6", "mypy>=1.11", "django-stubs>=5.1"],
+    },
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Framework :: Django",
+        "Framework :: Django :: 5.2",
+        "Framework :: Django :: 6.0",
+        "Intended Audience :: Developers",
+        "License :: OSI Approved :: MIT License",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Typing :: Typed",
+    ],
+)

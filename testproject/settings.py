@@ -1,0 +1,88 @@
+"""Settings for the demo and the test suite: the database comes from DATABASE_URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+SECRET_KEY = "pikku-django-testproject-not-secret"
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "pikku_django",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# The default is a SQLite *file*, so that several processes share it. The
+# test database is a file too (TEST.NAME), for the multi-process tests.
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"].endswith("sqlite3"):
+    _db.setdefault("TEST", {})["NAME"] = str(BASE_DIR / "test-db.sqlite3")
+    # WAL lets readers run beside the one writer; IMMEDIATE takes the write
+    # lock at BEGIN so two transactions never deadlock upgrading to it.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+elif _db["ENGINE"].endswith("mysql"):
+    _db.setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+    _db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
+# A subprocess of the test suite is pointed at the live test database by name.
+if env.str("PIKKU_TEST_DB_NAME", default=""):
+    _db["NAME"] = env.str("PIKKU_TEST_DB_NAME")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"pikku_django": {"handlers": ["console"], "level": env.str("PIKKU_LOG_LEVEL", "WARNING")}},
+}
