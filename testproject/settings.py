@@ -56,11 +56,18 @@ TEMPLATES = [
 # The default is a SQLite *file*, so that several processes share it. The
 # test database is a file too (TEST.NAME), for the multi-process tests.
 DATABASES = {
-    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+    "default": env.db_url_config(
+        env.str("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+    ),
 }
 _db = DATABASES["default"]
+# PIKKU_TEST_DB names the test database (a file path on SQLite), so that
+# several test runs can share one server without trampling each other.
+_test_db = env.str("PIKKU_TEST_DB", default="")
+if _test_db:
+    _db.setdefault("TEST", {})["NAME"] = _test_db
 if _db["ENGINE"].endswith("sqlite3"):
-    _db.setdefault("TEST", {})["NAME"] = str(BASE_DIR / "test-db.sqlite3")
+    _db.setdefault("TEST", {}).setdefault("NAME", str(BASE_DIR / "test-db.sqlite3"))
     # WAL lets readers run beside the one writer; IMMEDIATE takes the write
     # lock at BEGIN so two transactions never deadlock upgrading to it.
     _db.setdefault("OPTIONS", {}).update(

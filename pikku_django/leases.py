@@ -1,0 +1,161 @@
+"""``hold_lease()``: take a named lease and keep it renewed while a body runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from pikku_django import validate
+from pikku_django.conf import conf
+from pikku_django.errors import LeaseLostError, LeaseTakenError
+from pikku_django.models import Lease
+
+logger = logging.getLogger(__name__)
+
+#: Renewals per lease: renewing every third of the ttl leaves two more tries
+#: before the lease runs out when one renewal fails.
+RENEWALS_PER_LEASE = 3
+
+
+def default_holder() -> str:
+    """``host:pid:random``, unique to this process and this call."""
+    suffix = f":{os.getpid()}:{secrets.token_hex(4)}"
+    return socket.gethostname()[: validate.MAX_NAME_LENGTH - len(suffix)] + suffix
+
+
+class LeaseRenewal:
+    """
+    Keeps one lease renewed on a background thread with its own database
+    connection, and says when it is lost.
+
+    A renewal that raises proves nothing (the database may be briefly out of
+    reach), so the lease counts as lost only when a renewal answers "not
+    yours", or when renewals kept failing until the lease must have run out.
+    """
+
+    def __init__(self, lease: Lease, ttl_ms: int, using: str) -> None:
+        self.lease = lease
+        self.ttl_ms = ttl_ms
+        self.using = using
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        # The lease was granted no earlier than this, so it lasts at least
+        # until ``_valid_until`` on the monotonic clock.
+        self._valid_until = time.monotonic() + ttl_ms / 1000
+        self._thread = threading.Thread(
+            target=self._run, name=f"pikku-lease-renewal:{lease.key}", daemon=True
+        )
+
+    @property
+    def interval(self) -> float:
+        return self.ttl_ms / 1000 / RENEWALS_PER_LEASE
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing, waiting for a renewal in flight to finish."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                if not self._renew_once():
+                    return
+        finally:
+            # The thread opened its own connection; don't leak it.
+            connections[self.using].close()
+
+    def _renew_once(self) -> bool:
+        """One renewal; False once the lease is known to be lost."""
+        sent = time.monotonic()
+        try:
+            renewed = Lease.objects.db_manager(self.using).refresh(self.lease, self.ttl_ms)
+        except Exception:
+            logger.warning("Renewing lease %r failed; will retry.", self.lease.key, exc_info=True)
+            # The failed connection may be broken: reconnect on the next try.
+            connections[self.using].close()
+            if time.monotonic() >= self._valid_until:
+                logger.error("Lease %r lapsed while renewals kept failing.", self.lease.key)
+                self.lost.set()
+                return False
+            return True
+        if renewed is None:
+            logger.warning("Lease %r (token %s) was lost.", self.lease.key, self.lease.token)
+            self.lost.set()
+            return False
+        self.lease = renewed
+        self._valid_until = sent + self.ttl_ms / 1000
+        return True
+
+
+class HeldLease:
+    """What the body of ``hold_lease`` sees."""
+
+    def __init__(self, renewal: LeaseRenewal) -> None:
+        self._renewal = renewal
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last granted or renewed."""
+        return self._renewal.lease
+
+    @property
+    def key(self) -> str:
+        return self._renewal.lease.key
+
+    @property
+    def token(self) -> int:
+        """The fencing token: pass it along with writes the lease guards."""
+        return self._renewal.lease.token
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set the moment the lease is known to be lost."""
+        return self._renewal.lost
+
+    def check(self) -> None:
+        """Raise ``LeaseLostError`` if the lease has been lost."""
+        if self.lost.is_set():
+            raise LeaseLostError(self.key, self.token)
+
+
+@contextmanager
+def hold_lease(
+    key: str, ttl_ms: int | None = None, holder: str | None = None, *, using: str | None = None
+) -> Iterator[HeldLease]:
+    """
+    Hold ``key`` while the body runs, renewing every ttl/3. Raises
+    ``LeaseTakenError`` at once if someone else holds it, and
+    ``LeaseLostError`` on exit if the lease was lost while the body ran.
+    """
+    ttl = validate.positive_ms("ttl_ms", conf.LEASE_TTL_MS if ttl_ms is None else ttl_ms)
+    holder = default_holder() if holder is None else holder
+    alias = using or DEFAULT_DB_ALIAS
+    lease = Lease.objects.db_manager(alias).acquire(key, holder, ttl)
+    if lease is None:
+        raise LeaseTakenError(key)
+    renewal = LeaseRenewal(lease, ttl, alias)
+    renewal.start()
+    try:
+        yield HeldLease(renewal)
+    finally:
+        renewal.stop()
+        if not renewal.lost.is_set():
+            try:
+                Lease.objects.db_manager(alias).release(renewal.lease)
+            except Exception:
+                # It lapses on its own at expires_at; nothing is lost.
+                logger.warning("Releasing lease %r failed; it will lapse.", key, exc_info=True)
+    if renewal.lost.is_set():
+        raise LeaseLostError(key, renewal.lease.token)
