@@ -11,11 +11,12 @@ process on its one host.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BigIntegerField, Expression
+from django.db.models import BigIntegerField, DateTimeField, Expression
 
 #: clock_timestamp(), not now(): now() is frozen at the start of the transaction.
 POSTGRESQL_NOW_MS = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
@@ -56,3 +57,39 @@ class DbNowMs(Expression):
 
     def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
         return f"({now_ms_sql(connection)})", []
+
+
+class DbNow(Expression):
+    """
+    The database clock's now as a datetime, optionally ``minus_ms`` earlier,
+    for the DateTimeFields (``updated_at`` and friends) the runtime writes, so
+    that idle windows are judged on one clock whoever wrote the row.
+    """
+
+    output_field = DateTimeField()
+
+    def __init__(self, minus_ms: int = 0) -> None:
+        super().__init__()
+        self.minus_ms = int(minus_ms)
+
+    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        if not self.minus_ms:
+            return "clock_timestamp()", []
+        return "(clock_timestamp() - make_interval(secs => %s))", [self.minus_ms / 1000]
+
+    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        # Django stores UTC in DATETIME(6) columns on MySQL.
+        if not self.minus_ms:
+            return "UTC_TIMESTAMP(6)", []
+        return "(UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND)", [self.minus_ms * 1000]
+
+    def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        # The process clock, bound as a parameter so that Django writes it in
+        # exactly the text format it stores datetimes in (and compares them by).
+        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(milliseconds=self.minus_ms)
+        return "%s", [connection.ops.adapt_datetimefield_value(now)]
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        raise NotSupportedError(
+            f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {connection.vendor!r}."
+        )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import uuid
 from typing import Any
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.managers import LeaseManager
+from pikku_django.managers import LeaseManager, WorkflowRunManager, WorkflowStepManager
 
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
@@ -49,3 +50,146 @@ class Lease(models.Model):
     def expires(self) -> datetime.datetime:
         """``expires_at`` as an aware UTC datetime."""
         return datetime.datetime.fromtimestamp(self.expires_at / 1000, tz=datetime.timezone.utc)
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUSPENDED = "suspended"
+
+
+class WorkflowRun(models.Model):
+    """
+    One run of a workflow. ``wake_at`` (epoch ms on the database clock) says
+    when a worker should drive it next; a run is due once ``wake_at`` <= now.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    wake_at = models.BigIntegerField(
+        null=True, blank=True, help_text="Epoch ms on the database clock; NULL once finished."
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = WorkflowRunManager()
+
+    class Meta:
+        db_table = "pikku_workflow_run"
+        ordering = ["-created_at"]
+        indexes = [
+            # The worker's "what is due" query.
+            models.Index(fields=["status", "wake_at"], name="pikku_run_status_wake_idx"),
+            # The sweep's stalled query: running runs, oldest activity first.
+            models.Index(fields=["status", "updated_at"], name="pikku_run_status_upd_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.pk} ({self.status})"
+
+    @property
+    def lease_key(self) -> str:
+        """The key of the lease a worker holds while it drives this run."""
+        return f"workflow-run:{self.pk}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+
+class WorkflowStep(models.Model):
+    """
+    One named step of a run. While ``running`` it is held under a lease
+    (``lease_expires_at``, epoch ms on the database clock) by the worker of
+    attempt ``attempt``; a NULL lease parks it (on a child run).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: the unique (run, step_name) constraint leads with it.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    step_name = models.CharField(max_length=255)
+    rpc_name = models.CharField(max_length=255)
+    data = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    retries = models.PositiveIntegerField(help_text="Attempts after the first.")
+    retry_delay = models.PositiveIntegerField(null=True, blank=True, help_text="Milliseconds.")
+    attempt = models.PositiveIntegerField(default=1)
+    lease_expires_at = models.BigIntegerField(
+        null=True, blank=True, help_text="Epoch ms on the database clock; NULL when not held."
+    )
+    child_run = models.ForeignKey(
+        WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="parent_steps"
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = WorkflowStepManager()
+
+    class Meta:
+        db_table = "pikku_workflow_step"
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_name"], name="pikku_step_run_name_uniq"),
+        ]
+        indexes = [
+            # "Is any step of this run in flight?" (the stalled query).
+            models.Index(fields=["run", "status"], name="pikku_step_run_status_idx"),
+            # "Was any step of this run touched lately?" (the stalled query).
+            models.Index(fields=["run", "updated_at"], name="pikku_step_run_upd_idx"),
+            # The sweep's "running under a lapsed lease" query.
+            models.Index(fields=["status", "lease_expires_at"], name="pikku_step_status_lease_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_name} of {self.run_id} ({self.status}, attempt {self.attempt})"
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.retries + 1
+
+    @property
+    def is_exhausted(self) -> bool:
+        """Has this step spent every attempt it is allowed?"""
+        return self.attempt >= self.attempts_allowed
+
+
+class WorkflowStepAttempt(models.Model):
+    """The history of a step: one row per attempt, as it happened."""
+
+    # No index of its own: the unique (step, attempt) constraint leads with it.
+    step = models.ForeignKey(WorkflowStep, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    running_at = models.DateTimeField(null=True, blank=True)
+    succeeded_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pikku_workflow_step_attempt"
+        ordering = ["step", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "attempt"], name="pikku_attempt_step_num_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt} of {self.step_id} ({self.status})"
