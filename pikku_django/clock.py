@@ -58,6 +58,11 @@ class DbNowMs(Expression):
     def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
         return f"({now_ms_sql(connection)})", []
 
+    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        # A scalar subquery is evaluated once per statement, so the planner can
+        # use it as an index bound; bare clock_timestamp() is volatile and can't be.
+        return f"(SELECT {POSTGRESQL_NOW_MS})", []
+
 
 class DbNow(Expression):
     """
@@ -73,9 +78,10 @@ class DbNow(Expression):
         self.minus_ms = int(minus_ms)
 
     def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+        # A scalar subquery: evaluated once, usable as an index bound (see DbNowMs).
         if not self.minus_ms:
-            return "clock_timestamp()", []
-        return "(clock_timestamp() - make_interval(secs => %s))", [self.minus_ms / 1000]
+            return "(SELECT clock_timestamp())", []
+        return "(SELECT clock_timestamp() - make_interval(secs => %s))", [self.minus_ms / 1000]
 
     def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
         # Django stores UTC in DATETIME(6) columns on MySQL.

@@ -146,13 +146,11 @@ class WorkflowStep(models.Model):
         db_table = "pikku_workflow_step"
         ordering = ["created_at"]
         constraints = [
+            # Also the index of the claim, and of the stalled query's per-run
+            # "any step in flight / touched lately?" probes (a run has few steps).
             models.UniqueConstraint(fields=["run", "step_name"], name="pikku_step_run_name_uniq"),
         ]
         indexes = [
-            # "Is any step of this run in flight?" (the stalled query).
-            models.Index(fields=["run", "status"], name="pikku_step_run_status_idx"),
-            # "Was any step of this run touched lately?" (the stalled query).
-            models.Index(fields=["run", "updated_at"], name="pikku_step_run_upd_idx"),
             # The sweep's "running under a lapsed lease" query.
             models.Index(fields=["status", "lease_expires_at"], name="pikku_step_status_lease_idx"),
         ]
