@@ -31,32 +31,35 @@ def default_holder() -> str:
     return socket.gethostname()[: validate.MAX_NAME_LENGTH - len(suffix)] + suffix
 
 
-class LeaseRenewal:
+class KeepAlive:
     """
-    Keeps one lease renewed on a background thread with its own database
-    connection, and says when it is lost.
+    Renews something with a lease (a named lease, a step lease) every third of
+    its ttl on a background thread with its own database connection, and says
+    when it is lost.
 
     A renewal that raises proves nothing (the database may be briefly out of
-    reach), so the lease counts as lost only when a renewal answers "not
-    yours", or when renewals kept failing until the lease must have run out.
+    reach), so it counts as lost only when a renewal answers "not yours", or
+    when renewals kept failing until the lease must have run out.
     """
 
-    def __init__(self, lease: Lease, ttl_ms: int, using: str) -> None:
-        self.lease = lease
+    def __init__(self, name: str, ttl_ms: int, using: str) -> None:
+        self.name = name
         self.ttl_ms = ttl_ms
         self.using = using
         self.lost = threading.Event()
         self._stop = threading.Event()
-        # The lease was granted no earlier than this, so it lasts at least
+        # The lease was granted no earlier than now, so it lasts at least
         # until ``_valid_until`` on the monotonic clock.
         self._valid_until = time.monotonic() + ttl_ms / 1000
-        self._thread = threading.Thread(
-            target=self._run, name=f"pikku-lease-renewal:{lease.key}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"pikku-renewal:{name}", daemon=True)
 
     @property
     def interval(self) -> float:
         return self.ttl_ms / 1000 / RENEWALS_PER_LEASE
+
+    def renew(self) -> bool:
+        """One renewal: True if renewed, False if lost; raising proves nothing."""
+        raise NotImplementedError
 
     def start(self) -> None:
         self._thread.start()
@@ -80,22 +83,36 @@ class LeaseRenewal:
         """One renewal; False once the lease is known to be lost."""
         sent = time.monotonic()
         try:
-            renewed = Lease.objects.db_manager(self.using).refresh(self.lease, self.ttl_ms)
+            renewed = self.renew()
         except Exception:
-            logger.warning("Renewing lease %r failed; will retry.", self.lease.key, exc_info=True)
+            logger.warning("Renewing %s failed; will retry.", self.name, exc_info=True)
             # The failed connection may be broken: reconnect on the next try.
             connections[self.using].close()
             if time.monotonic() >= self._valid_until:
-                logger.error("Lease %r lapsed while renewals kept failing.", self.lease.key)
+                logger.error("%s lapsed while renewals kept failing.", self.name)
                 self.lost.set()
                 return False
             return True
-        if renewed is None:
-            logger.warning("Lease %r (token %s) was lost.", self.lease.key, self.lease.token)
+        if not renewed:
+            logger.warning("%s was lost.", self.name)
             self.lost.set()
             return False
-        self.lease = renewed
         self._valid_until = sent + self.ttl_ms / 1000
+        return True
+
+
+class LeaseRenewal(KeepAlive):
+    """Keeps one named lease renewed."""
+
+    def __init__(self, lease: Lease, ttl_ms: int, using: str) -> None:
+        super().__init__(f"lease {lease.key!r} (token {lease.token})", ttl_ms, using)
+        self.lease = lease
+
+    def renew(self) -> bool:
+        renewed = Lease.objects.db_manager(self.using).refresh(self.lease, self.ttl_ms)
+        if renewed is None:
+            return False
+        self.lease = renewed
         return True
 
 

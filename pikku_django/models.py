@@ -97,6 +97,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "wake_at"], name="pikku_run_status_wake_idx"),
             # The sweep's stalled query: running runs, oldest activity first.
             models.Index(fields=["status", "updated_at"], name="pikku_run_status_upd_idx"),
+            # The admin's newest-first list and its workflow filter.
+            models.Index(fields=["created_at"], name="pikku_run_created_idx"),
+            models.Index(fields=["workflow"], name="pikku_run_workflow_idx"),
         ]
 
     def __str__(self) -> str:
@@ -184,7 +187,7 @@ class WorkflowStepAttempt(models.Model):
 
     class Meta:
         db_table = "pikku_workflow_step_attempt"
-        ordering = ["step", "attempt"]
+        ordering = ["step_id", "attempt"]
         constraints = [
             models.UniqueConstraint(fields=["step", "attempt"], name="pikku_attempt_step_num_uniq"),
         ]
