@@ -94,5 +94,27 @@ class StepFunctionMismatchError(PikkuError):
         )
 
 
-class WorkflowNotFoundError(PikkuError, LookupError):
+class WorkflowNotFoundError(InvalidArgumentError, LookupError):
     """No workflow is registered under this name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"name: no workflow is registered as {name!r}. Define it with "
+            f"@workflow({name!r}) in a workflows.py module of an installed app."
+        )
+
+
+class WorkflowRegistrationError(PikkuError, ImproperlyConfigured):
+    """Two different functions were registered under one workflow name."""
+
+
+class StepFailedError(PikkuError):
+    """A workflow step failed on its last attempt; its error is ``error``."""
+
+    def __init__(self, step_name: str, attempts: int, error: dict[str, object] | None) -> None:
+        self.step_name = step_name
+        self.attempts = attempts
+        self.error = error or {}
+        message = self.error.get("message", "unknown error")
+        super().__init__(f"Step {step_name!r} failed on its last attempt ({attempts}): {message}")

@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "pikku_django",
     "testproject.demo",
+    "testproject.testing",
 ]
 
 MIDDLEWARE = [
@@ -87,9 +88,8 @@ if env.str("PIKKU_TEST_DB_NAME", default=""):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"pikku_django": {"handlers": ["console"], "level": env.str("PIKKU_LOG_LEVEL", "WARNING")}},
-}
+
+# Worker processes started by the tests take short leases from the environment.
+for _name in ("PIKKU_LEASE_TTL_MS", "PIKKU_STEP_LEASE_MS"):
+    if env.str(_name, default=""):
+        globals()[_name] = env.int(_name)

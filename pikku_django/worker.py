@@ -1,0 +1,128 @@
+"""The worker loop: drives due runs until stopped. ``pikku_worker`` is a thin shell over it."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.db import close_old_connections
+
+from pikku_django import validate
+from pikku_django.clock import DbNowMs
+from pikku_django.conf import conf
+from pikku_django.leases import default_holder
+from pikku_django.models import WorkflowRun
+from pikku_django.workflows.runner import run_workflow
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """
+    Finds runs that are due on the database clock and drives them, one pass
+    each. Many workers on many hosts may run at once: each due run is taken by
+    one guarded UPDATE of its ``wake_at`` (so two workers don't both start
+    it), and the run lease decides the rest.
+    """
+
+    def __init__(
+        self,
+        *,
+        holder: str | None = None,
+        interval: float = 1.0,
+        batch: int = 10,
+        once: bool = False,
+        max_runs: int | None = None,
+        using: str | None = None,
+    ) -> None:
+        self.holder = holder or default_holder()
+        validate.name("holder", self.holder)
+        self.interval = interval
+        self.batch = batch
+        self.once = once
+        self.max_runs = max_runs
+        self.using = using
+        self.stopping = threading.Event()
+        self.passes = 0
+        self._signals = 0
+
+    # -- signals --------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """First SIGTERM/SIGINT: finish the step in hand, then exit; second: abort."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.warning("%s: finishing the step in hand, then exiting.", signal.Signals(signum).name)
+            self.stopping.set()
+            return
+        logger.error("%s again: aborting.", signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    # -- the loop ---------------------------------------------------------------
+
+    def run(self) -> int:
+        """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
+        logger.info("Worker %s started.", self.holder)
+        while not self.stopping.is_set():
+            took = self.run_batch()
+            if self.max_runs is not None and self.passes >= self.max_runs:
+                break
+            if not took:
+                if self.once:
+                    break
+                # Wait on the event, not in a blind sleep: a signal wakes us at once.
+                self.stopping.wait(self.interval)
+        logger.info("Worker %s stopped after %s passes.", self.holder, self.passes)
+        return self.passes
+
+    def run_batch(self) -> int:
+        """Take and drive up to ``batch`` due runs; returns how many were taken."""
+        # A long-lived process must not keep a connection the server has
+        # dropped or that outlived CONN_MAX_AGE; Django does this per request.
+        close_old_connections()
+        runs = WorkflowRun.objects.db_manager(self.using)
+        due = list(runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch])
+        took = 0
+        for run_id, wake_at in due:
+            if self.stopping.is_set():
+                break
+            if self.max_runs is not None and self.passes >= self.max_runs:
+                break
+            if not self.take(run_id, wake_at):
+                continue
+            took += 1
+            self.drive(run_id)
+            close_old_connections()
+        return took
+
+    def take(self, run_id: Any, wake_at: int) -> bool:
+        """
+        Claim one due run for a pass: move its ``wake_at`` to when this pass's
+        run lease would lapse, guarded by the value read. Another worker that
+        read the same value matches nothing; if this one dies, the run is due
+        again once its lease is gone.
+        """
+        runs = WorkflowRun.objects.db_manager(self.using)
+        return bool(
+            runs.filter(pk=run_id, status="running", wake_at=wake_at).update(
+                wake_at=DbNowMs() + conf.LEASE_TTL_MS
+            )
+        )
+
+    def drive(self, run_id: Any) -> None:
+        self.passes += 1
+        try:
+            run = run_workflow(run_id, holder=self.holder, stop=self.stopping, using=self.using)
+        except Exception:
+            # One run's failure to be driven (say, the database blinked) must
+            # not stop the worker; the run is due again when its lease lapses.
+            logger.exception("Driving run %s failed.", run_id)
+            return
+        logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

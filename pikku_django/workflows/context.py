@@ -1,0 +1,198 @@
+"""The run context a workflow function gets: ``ctx.step()`` runs or replays a step."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pikku_django import validate
+from pikku_django.conf import conf
+from pikku_django.errors import (
+    InvalidArgumentError,
+    StepFailedError,
+    StepFunctionMismatchError,
+    StepSupersededError,
+)
+from pikku_django.leases import HeldLease, KeepAlive
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+from pikku_django.workflows.registry import dotted_name
+
+logger = logging.getLogger(__name__)
+
+#: How long a run waits before it looks again at a step it could not take and
+#: whose state gives no better time (a racing claim, a run held elsewhere).
+RETRY_SOON_MS = 1_000
+
+
+class Suspend(BaseException):
+    """
+    Unwinds the workflow function: this pass can go no further now. The run is
+    woken again at ``wake_at`` (epoch ms on the DB clock), or not at all (None)
+    until something wakes it. A BaseException, so that a workflow's own
+    ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(self, wake_at: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.wake_at = wake_at
+        self.reason = reason
+
+
+class Stop(BaseException):
+    """Unwinds the workflow function: this pass is stale and must write nothing more."""
+
+
+class StepLeaseRenewal(KeepAlive):
+    """Keeps one attempt's step lease renewed while its function runs."""
+
+    def __init__(self, step: WorkflowStep, lease_ms: int, using: str) -> None:
+        super().__init__(f"step {step.step_name!r} (attempt {step.attempt})", lease_ms, using)
+        self.step_id = step.pk
+        self.attempt = step.attempt
+
+    def renew(self) -> bool:
+        return WorkflowStep.objects.db_manager(self.using).refresh_lease(
+            self.step_id, self.ttl_ms, attempt=self.attempt
+        )
+
+
+def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The step's arguments, stored for the admin when they are JSON."""
+    data = {"args": list(args), "kwargs": kwargs}
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return data
+
+
+class RunContext:
+    """What a workflow function is called with: ``fn(ctx, input)``."""
+
+    def __init__(
+        self,
+        run: WorkflowRun,
+        *,
+        using: str,
+        held: HeldLease | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.run = run
+        self.run_id = run.pk
+        self.input = run.input
+        self._using = using
+        self._held = held
+        self._stop = stop
+        self._seen: set[str] = set()
+        # One read of every step: finished steps replay from here.
+        self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: int | None = None,
+        retry_delay: int | None = None,
+        lease_ms: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """
+        Run ``fn(*args, **kwargs)`` as the step ``name``, at least once and its
+        result kept: a replay returns the stored result without calling ``fn``.
+        """
+        validate.name("name", name)
+        if not callable(fn):
+            raise InvalidArgumentError(f"fn must be callable, not {type(fn).__name__}.")
+        if name in self._seen:
+            raise InvalidArgumentError(
+                f"name: step {name!r} is used twice in workflow {self.run.workflow!r}; "
+                "each step of a run needs a name of its own."
+            )
+        self._seen.add(name)
+        lease_ms = conf.STEP_LEASE_MS if lease_ms is None else validate.positive_ms("lease_ms", lease_ms)
+        rpc_name = dotted_name(fn)
+        steps = WorkflowStep.objects.db_manager(self._using)
+
+        step = self._steps.get(name)
+        if step is None:
+            self._check_live()
+            step = steps.insert_step(
+                self.run, name, rpc_name, _step_data(args, kwargs), retries=retries, retry_delay=retry_delay
+            )
+        if step.rpc_name != rpc_name:
+            raise StepFunctionMismatchError(self.run_id, name, step.rpc_name, rpc_name)
+
+        while True:
+            if step.status == "succeeded":
+                return step.result
+            if step.status == "failed" and step.is_exhausted:
+                raise StepFailedError(name, step.attempt, step.error)
+            self._check_live()
+            if step.status == "failed" and step.retry_delay:
+                due = int(step.updated_at.timestamp() * 1000) + step.retry_delay
+                if Lease.objects.db_manager(self._using).db_now_ms() < due:
+                    raise Suspend(due, f"step {name!r} waits {step.retry_delay} ms to retry")
+            claimed = steps.claim(self.run_id, name, rpc_name, lease_ms)
+            if claimed is None:
+                step = steps.get(pk=step.pk)
+                self._wait_for(step)
+                continue
+            step = claimed
+            self._execute(step, fn, args, kwargs, lease_ms)
+            step = steps.get(pk=step.pk)
+
+    def _wait_for(self, step: WorkflowStep) -> None:
+        """A step this pass could not claim: replay it, or suspend until it can move."""
+        if step.status == "succeeded" or (step.status == "failed" and step.is_exhausted):
+            return
+        if step.status == "running" and step.lease_expires_at is not None:
+            raise Suspend(step.lease_expires_at, f"step {step.step_name!r} is held by another worker")
+        if step.status in ("running", "suspended"):
+            raise Suspend(None, f"step {step.step_name!r} is parked")
+        now = Lease.objects.db_manager(self._using).db_now_ms()
+        raise Suspend(now + RETRY_SOON_MS, f"step {step.step_name!r} was not claimable")
+
+    def _check_live(self) -> None:
+        """Stop before a new step if this pass lost its run lease or was asked to stop."""
+        if self._held is not None and self._held.lost.is_set():
+            raise Stop("the run lease was lost")
+        if self._stop is not None and self._stop.is_set():
+            now = Lease.objects.db_manager(self._using).db_now_ms()
+            raise Suspend(now, "the worker is stopping")
+
+    def _execute(
+        self, step: WorkflowStep, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], lease_ms: int
+    ) -> None:
+        """Run one attempt under its step lease and record its outcome, fenced to it."""
+        steps = WorkflowStep.objects.db_manager(self._using)
+        renewal = StepLeaseRenewal(step, lease_ms, self._using)
+        renewal.start()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as error:
+            renewal.stop()
+            logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
+            self._fenced(steps.record_error, step, error)
+            return
+        finally:
+            renewal.stop()
+        try:
+            validate.json_value("result", result)
+        except InvalidArgumentError as error:
+            bad = TypeError(f"Step {step.step_name!r} returned a result that is not JSON: {error}")
+            self._fenced(steps.record_error, step, bad)
+            return
+        self._fenced(steps.record_result, step, result)
+
+    def _fenced(self, record: Callable[..., None], step: WorkflowStep, value: Any) -> None:
+        try:
+            record(step.pk, value, attempt=step.attempt)
+        except StepSupersededError:
+            # A newer attempt owns the step (this one's lease lapsed): its
+            # outcome is the step's, and this pass is stale.
+            logger.warning("Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt)
+            raise Stop("superseded") from None

@@ -1,0 +1,53 @@
+"""The @workflow registry: every workflow function this process knows, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pikku_django import validate
+from pikku_django.errors import WorkflowNotFoundError, WorkflowRegistrationError
+
+WorkflowFunction = Callable[[Any, Any], Any]
+F = TypeVar("F", bound=WorkflowFunction)
+
+_registry: dict[str, WorkflowFunction] = {}
+
+
+def dotted_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname``: how a step's function is named in the store."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def workflow(name: str) -> Callable[[F], F]:
+    """Register ``fn(ctx, input)`` as the workflow ``name``."""
+    validate.name("name", name)
+
+    def register(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"@workflow({name!r}) decorates a function, not {fn!r}.")
+        existing = _registry.get(name)
+        # The same function imported again (a reload) is not a conflict.
+        if existing is not None and dotted_name(existing) != dotted_name(fn):
+            raise WorkflowRegistrationError(
+                f"Workflow {name!r} is registered twice: by {dotted_name(existing)} and by "
+                f"{dotted_name(fn)}. Give one of them another name."
+            )
+        _registry[name] = fn
+        fn.workflow_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def get_workflow(name: str) -> WorkflowFunction:
+    """The function registered as ``name``, or ``WorkflowNotFoundError``."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise WorkflowNotFoundError(name) from None
+
+
+def registered() -> dict[str, WorkflowFunction]:
+    """A copy of the registry (name to function)."""
+    return dict(_registry)

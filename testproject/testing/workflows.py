@@ -1,0 +1,84 @@
+"""Workflows the tests drive in-process and through worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pikku_django.models import Lease
+from pikku_django.workflows import workflow
+from testproject.testing.models import PassRecord, StepCall
+
+
+def record_call(run_id: str, step: str) -> int:
+    """Count one call of a step body; returns how many calls came before it."""
+    before = StepCall.objects.filter(run_id=run_id, step=step).count()
+    StepCall.objects.create(run_id=run_id, step=step, pid=os.getpid(), at_ms=Lease.objects.db_now_ms())
+    return before
+
+
+@contextmanager
+def recorded_pass(run_id: Any) -> Iterator[None]:
+    start = Lease.objects.db_now_ms()
+    try:
+        yield
+    finally:
+        PassRecord.objects.create(run_id=run_id, pid=os.getpid(), start_ms=start, end_ms=Lease.objects.db_now_ms())
+
+
+def plain_step(run_id: str, name: str) -> str:
+    record_call(run_id, name)
+    return f"{name} done"
+
+
+@workflow("test.steps")
+def steps(ctx: Any, input: dict[str, Any]) -> list[str]:
+    """``input["steps"]`` trivial steps, each counted; passes recorded."""
+    with recorded_pass(ctx.run_id):
+        return [ctx.step(f"s{i}", plain_step, str(ctx.run_id), f"s{i}") for i in range(input.get("steps", 5))]
+
+
+def block_first_call(run_id: str) -> dict[str, int]:
+    """Blocks for good on its first call (until its worker is killed)."""
+    before = record_call(run_id, "block")
+    if before == 0:
+        while True:
+            time.sleep(0.05)
+    return {"call": before + 1}
+
+
+@workflow("test.blocker")
+def blocker(ctx: Any, input: dict[str, Any]) -> Any:
+    first = ctx.step("block", block_first_call, str(ctx.run_id), lease_ms=input["lease_ms"], retries=2)
+    return {"block": first}
+
+
+def kill_my_worker(run_id: str) -> None:
+    record_call(run_id, "kill")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@workflow("test.killer")
+def killer(ctx: Any, input: dict[str, Any]) -> Any:
+    ctx.step("kill", kill_my_worker, str(ctx.run_id), lease_ms=input["lease_ms"], retries=1)
+    return "unreachable"
+
+
+def wait_for_release(run_id: str, path: str) -> str:
+    """Says it started (a StepCall row), then waits for ``path`` to exist."""
+    record_call(run_id, "hold")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "released"
+
+
+@workflow("test.hold_then_more")
+def hold_then_more(ctx: Any, input: dict[str, Any]) -> Any:
+    held = ctx.step("hold", wait_for_release, str(ctx.run_id), input["path"])
+    after = ctx.step("after", plain_step, str(ctx.run_id), "after")
+    return [held, after]
