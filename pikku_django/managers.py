@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from pikku_django import sql, validate
 from pikku_django.clock import DbNow, DbNowMs
@@ -168,6 +168,16 @@ class LeaseManager(models.Manager["Lease"]):
 
 FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
 
+#: The ``wake_at`` of a run woken out of turn (by the admin, a sweep, or a step
+#: that lost its worker): the epoch, so it is due at once *and* ahead of every
+#: run that fell due in the ordinary way; a recovered run never waits behind a
+#: backlog of fresh work.
+WOKEN = 0
+
+#: The sweep's back-off between two wakes of one idle run: 30 s, doubling to 10 min.
+SWEEP_BACKOFF_MS = (30_000, 60_000, 120_000, 240_000, 480_000)
+SWEEP_BACKOFF_MAX_MS = 600_000
+
 
 def now_params(connection: BaseDatabaseWrapper) -> dict[str, Any]:
     """The ``now_dt`` parameter SQLite's statements take (see ``sql._NOW_DT``)."""
@@ -199,8 +209,39 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         return self.filter(status="running", wake_at__lte=DbNowMs())
 
     def wake(self) -> int:
-        """Make these running runs due now (a worker replays them); returns how many."""
-        return self.running().update(wake_at=DbNowMs())
+        """Make these running runs due now, ahead of the queue; returns how many."""
+        return self.running().update(wake_at=WOKEN)
+
+    def sweep_wake(self) -> int:
+        """
+        Wake these running runs unless a sweep woke them lately: one guarded
+        UPDATE, so sweeps on many nodes wake a run once. The back-off (30 s,
+        doubling to 10 min) starts again once the run shows activity.
+        """
+        now = DbNowMs()
+        fresh = Q(swept_at__isnull=True) | Q(updated_at__gt=F("swept_at"))
+        backoff = Case(
+            When(fresh, then=Value(SWEEP_BACKOFF_MS[0])),
+            *(When(sweep_wakes=n, then=Value(ms)) for n, ms in enumerate(SWEEP_BACKOFF_MS) if n),
+            default=Value(SWEEP_BACKOFF_MAX_MS),
+        )
+        # Assigned in this order: MySQL evaluates SET left to right, so each
+        # expression reads only columns not assigned before it.
+        return (
+            self.running()
+            .filter(fresh | Q(sweep_after__lte=now))
+            .update(
+                sweep_after=now + backoff,
+                sweep_wakes=Case(When(fresh, then=Value(1)), default=F("sweep_wakes") + 1),
+                swept_at=DbNow(),
+                wake_at=WOKEN,
+            )
+        )
+
+    def sweep_wakeable(self) -> WorkflowRunQuerySet:
+        """The runs ``sweep_wake()`` would wake now (for a dry run)."""
+        fresh = Q(swept_at__isnull=True) | Q(updated_at__gt=F("swept_at"))
+        return self.running().filter(fresh | Q(sweep_after__lte=DbNowMs()))
 
     def cancel(self) -> int:
         """Cancel these unfinished runs; returns how many."""
@@ -268,6 +309,10 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
     def lapsed(self) -> WorkflowStepQuerySet:
         """Running steps whose worker's lease has run out."""
         return self.filter(status="running", lease_expires_at__lte=DbNowMs())
+
+    def spent(self) -> WorkflowStepQuerySet:
+        """Steps on their last allowed attempt."""
+        return self.filter(attempt__gte=F("retries") + 1)
 
 
 class WorkflowStepManager(models.Manager["WorkflowStep"]):

@@ -52,6 +52,28 @@ class Lease(models.Model):
         return datetime.datetime.fromtimestamp(self.expires_at / 1000, tz=datetime.timezone.utc)
 
 
+class LeaseTokenFloor(models.Model):
+    """
+    One row that lets the sweep prune lease rows without a key's token ever
+    going backwards. A key created afresh starts above ``token``. The sweep
+    raises ``token`` above the rows it means to prune, and deletes only rows
+    at or below ``prunable_token``: ``token`` as it stood at least
+    ``sweep.PRUNE_GRACE_MS`` ago, so no acquire still in flight read an older
+    floor.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    token = models.BigIntegerField(default=0)
+    prunable_token = models.BigIntegerField(default=0)
+    raised_at = models.BigIntegerField(default=0, help_text="Epoch ms on the database clock.")
+
+    class Meta:
+        db_table = "pikku_lease_floor"
+
+    def __str__(self) -> str:
+        return f"lease token floor {self.token}"
+
+
 class RunStatus(models.TextChoices):
     RUNNING = "running"
     SUSPENDED = "suspended"
@@ -86,6 +108,12 @@ class WorkflowRun(models.Model):
     )
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # The sweep's back-off, kept here so every sweeping node shares it.
+    swept_at = models.DateTimeField(null=True, blank=True, help_text="When a sweep last woke it.")
+    sweep_wakes = models.PositiveIntegerField(default=0, help_text="Sweep wakes since its last activity.")
+    sweep_after = models.BigIntegerField(
+        null=True, blank=True, help_text="Epoch ms on the database clock before which no sweep wakes it again."
+    )
 
     objects = WorkflowRunManager()
 

@@ -31,15 +31,23 @@ from pikku_django.clock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS, SQLITE_NOW_MS
 #: against the newest row version, so a racer that took the key meanwhile
 #: makes it match nothing. The clock is read once, in ``clock``: a stale read
 #: (after waiting on a lock) only errs towards refusing.
+#:
+#: A new row's token starts above both the token floor (``LeaseTokenFloor``,
+#: raised before the sweep prunes rows) and the row this statement's snapshot
+#: saw: a prune that deleted that row after the snapshot was taken cannot make
+#: its token go backwards.
 POSTGRESQL_LEASE_ACQUIRE = """
 WITH clock AS (SELECT {now} AS now_ms),
-held AS (
-    SELECT 1 FROM {lease} AS h, clock
-    WHERE h."key" = %(key)s AND h."holder" <> %(holder)s AND h."expires_at" > clock.now_ms
-)
+cur AS (SELECT "holder", "token", "expires_at" FROM {lease} WHERE "key" = %(key)s)
 INSERT INTO {lease} AS l ("key", "holder", "token", "expires_at")
-SELECT %(key)s, %(holder)s, 1, clock.now_ms + %(ttl_ms)s FROM clock
-WHERE NOT EXISTS (SELECT 1 FROM held)
+SELECT %(key)s, %(holder)s,
+    GREATEST(COALESCE((SELECT "token" FROM cur), 0),
+             COALESCE((SELECT "token" FROM {floor} WHERE "id" = 1), 0)) + 1,
+    clock.now_ms + %(ttl_ms)s
+FROM clock
+WHERE NOT EXISTS (
+    SELECT 1 FROM cur WHERE cur."holder" <> %(holder)s AND cur."expires_at" > clock.now_ms
+)
 ON CONFLICT ("key") DO UPDATE SET
     "token" = CASE
         WHEN l."holder" = EXCLUDED."holder" AND l."expires_at" > (SELECT now_ms FROM clock)
@@ -55,7 +63,7 @@ RETURNING "key", "holder", "token", "expires_at"
 #: SQLite to parse ON CONFLICT as the upsert clause.)
 SQLITE_LEASE_ACQUIRE = """
 INSERT INTO {lease} AS l ("key", "holder", "token", "expires_at")
-SELECT %(key)s, %(holder)s, 1, {now} + %(ttl_ms)s
+SELECT %(key)s, %(holder)s, COALESCE((SELECT "token" FROM {floor} WHERE "id" = 1), 0) + 1, {now} + %(ttl_ms)s
 WHERE NOT EXISTS (
     SELECT 1 FROM {lease} AS h
     WHERE h."key" = %(key)s AND h."holder" <> %(holder)s AND h."expires_at" > {now}
@@ -78,7 +86,8 @@ RETURNING "key", "holder", "token", "expires_at"
 #: The key and holder columns compare byte for byte (binary collation).
 MYSQL_LEASE_UPSERT = """
 INSERT INTO {lease} (`key`, `holder`, `token`, `expires_at`)
-VALUES (%(key)s, %(holder)s, 1, {now} + %(ttl_ms)s)
+VALUES (%(key)s, %(holder)s, COALESCE((SELECT `token` FROM {floor} WHERE `id` = 1), 0) + 1,
+        {now} + %(ttl_ms)s)
 ON DUPLICATE KEY UPDATE
     `token` = IF(`expires_at` <= {now}, `token` + 1, `token`),
     `holder` = IF(`expires_at` <= {now}, %(holder)s, `holder`),
@@ -221,7 +230,7 @@ _NOW_DT = {"postgresql": "clock_timestamp()", "sqlite": "%(now_dt)s", "mysql": "
 
 @functools.cache
 def _render(name: str, which: str) -> str | tuple[str, ...]:
-    from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+    from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
     variants = STATEMENTS[name]
     template = variants.get(which) or variants["mysql"]
@@ -231,6 +240,7 @@ def _render(name: str, which: str) -> str | tuple[str, ...]:
         "now": _NOW[vendor],
         "now_dt": _NOW_DT[vendor],
         "lease": quote.format(Lease._meta.db_table),
+        "floor": quote.format(LeaseTokenFloor._meta.db_table),
         "run": quote.format(WorkflowRun._meta.db_table),
         "step": quote.format(WorkflowStep._meta.db_table),
         "attempt": quote.format(WorkflowStepAttempt._meta.db_table),

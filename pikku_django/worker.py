@@ -8,7 +8,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
@@ -18,6 +18,17 @@ from pikku_django.models import WorkflowRun
 from pikku_django.workflows.runner import run_workflow
 
 logger = logging.getLogger(__name__)
+
+
+def refresh_connections() -> None:
+    """
+    Close connections the server may have dropped or that outlived
+    CONN_MAX_AGE, as Django does around each request, so a long-lived process
+    never works on a dead one. Skipped while any connection is inside an
+    atomic block (a test case's), which closing would break.
+    """
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+        close_old_connections()
 
 
 class Worker:
@@ -84,9 +95,7 @@ class Worker:
 
     def run_batch(self) -> int:
         """Take and drive up to ``batch`` due runs; returns how many were taken."""
-        # A long-lived process must not keep a connection the server has
-        # dropped or that outlived CONN_MAX_AGE; Django does this per request.
-        close_old_connections()
+        refresh_connections()
         runs = WorkflowRun.objects.db_manager(self.using)
         due = list(runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch])
         took = 0
@@ -99,7 +108,7 @@ class Worker:
                 continue
             took += 1
             self.drive(run_id)
-            close_old_connections()
+            refresh_connections()
         return took
 
     def take(self, run_id: Any, wake_at: int) -> bool:

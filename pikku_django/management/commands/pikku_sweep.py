@@ -1,0 +1,106 @@
+"""``manage.py pikku_sweep``: one sweep pass, or a loop of them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from pikku_django.conf import conf
+from pikku_django.sweep import sweep
+from pikku_django.worker import refresh_connections
+
+
+def seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 0 seconds")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    number = seconds(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be > 0 seconds")
+    return number
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Sweep the workflow store: fail steps whose worker vanished on their last attempt, "
+        "wake runs that need a worker, prune dead lease rows. Safe to run on many nodes at once."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--stalled-after", type=seconds, default=None, metavar="SECONDS",
+            help="Wake running runs idle this long with no step in flight "
+            "(default: PIKKU_STALLED_AFTER_MS, %(default)s = the setting).",
+        )
+        parser.add_argument(
+            "--limit", type=positive_int, default=100,
+            help="At most this many rows of each kind per pass (default: %(default)r).",
+        )
+        parser.add_argument("--dry-run", action="store_true", help="Report what would be done; change nothing.")
+        parser.add_argument("--json", action="store_true", help="Print each pass's report as one JSON object.")
+        parser.add_argument("--loop", action="store_true", help="Sweep again every --interval until stopped.")
+        parser.add_argument(
+            "--interval", type=positive_seconds, default=60.0, metavar="SECONDS",
+            help="Seconds between passes with --loop (default: %(default)r).",
+        )
+        parser.add_argument("--database", default=None, help="Database alias (default: 'default').")
+
+    def handle(
+        self,
+        *,
+        verbosity: int,
+        stalled_after: float | None,
+        limit: int,
+        dry_run: bool,
+        json: bool,
+        loop: bool,
+        interval: float,
+        database: str | None,
+        **options: Any,
+    ) -> None:
+        stalled_after_ms = conf.STALLED_AFTER_MS if stalled_after is None else round(stalled_after * 1000)
+        stop = threading.Event()
+        if loop:
+            self._install_signal_handlers(stop)
+        while True:
+            refresh_connections()
+            report = sweep(stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database)
+            if json:
+                self.stdout.write(_json_dumps(report.as_dict()))
+            elif verbosity:
+                self.stdout.write(report.summary())
+            if not loop or stop.wait(interval):
+                break
+
+    def _install_signal_handlers(self, stop: threading.Event) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+
+def _json_dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,171 @@
+"""
+One sweep pass: fail steps that lost their worker on their last attempt, wake
+runs that need a worker, and prune dead lease rows. Every write is a guarded
+statement, so sweeps on many nodes at once do no double work and no harm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Q
+
+from pikku_django import validate
+from pikku_django.clock import DbNow
+from pikku_django.conf import conf
+from pikku_django.managers import FINISHED_RUN_STATUSES
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
+
+logger = logging.getLogger(__name__)
+
+#: How long a raised token floor stands before rows under it may be deleted:
+#: far longer than any acquire statement takes between reading the floor and
+#: writing its row.
+PRUNE_GRACE_MS = 30_000
+
+RUN_LEASE_PREFIX = "workflow-run:"
+
+
+@dataclasses.dataclass
+class SweepReport:
+    """What one pass found and did (with ``dry_run``, what it would have done)."""
+
+    dry_run: bool = False
+    failed_steps: int = 0
+    lapsed_runs: int = 0
+    stalled_runs: int = 0
+    undispatched_runs: int = 0
+    woken_runs: int = 0
+    backed_off_runs: int = 0
+    pruned_leases: int = 0
+    duration_ms: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        verb = "would" if self.dry_run else "did"
+        return (
+            f"Sweep ({verb}): failed {self.failed_steps} spent steps; woke {self.woken_runs} runs "
+            f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
+            f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
+            f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
+        )
+
+
+def sweep(
+    *,
+    stalled_after_ms: int | None = None,
+    limit: int = 100,
+    dry_run: bool = False,
+    using: str | None = None,
+) -> SweepReport:
+    """One pass over the store; see the module docstring."""
+    idle_ms = conf.STALLED_AFTER_MS if stalled_after_ms is None else validate.whole("stalled_after_ms", stalled_after_ms)
+    validate.whole("limit", limit, minimum=1)
+    alias = using or DEFAULT_DB_ALIAS
+    started = time.monotonic()
+    report = SweepReport(dry_run=dry_run)
+
+    _fail_spent_steps(report, limit, alias)
+
+    runs = WorkflowRun.objects.db_manager(alias)
+    steps = WorkflowStep.objects.db_manager(alias)
+    # A lapsed step with attempts left is a dead worker: its run is woken at
+    # once, whatever the stalled window, so the step is taken again promptly.
+    lapsed = set(steps.lapsed().filter(run__status="running").values_list("run_id", flat=True)[:limit])
+    stalled = set(runs.stalled(idle_ms, limit))
+    pending = steps.filter(
+        status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
+    )
+    undispatched = set(pending.values_list("run_id", flat=True)[:limit])
+    report.lapsed_runs, report.stalled_runs, report.undispatched_runs = len(lapsed), len(stalled), len(undispatched)
+    due = lapsed | stalled | undispatched
+    if due:
+        candidates = runs.filter(pk__in=due)
+        report.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
+        report.backed_off_runs = len(due) - report.woken_runs
+
+    report.pruned_leases = _prune_leases(limit, dry_run, alias)
+    report.duration_ms = int((time.monotonic() - started) * 1000)
+    return report
+
+
+def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:
+    """Steps whose worker vanished on their last attempt: failed, runs woken."""
+    spent = WorkflowStep.objects.db_manager(alias).lapsed().spent()[:limit]
+    if report.dry_run:
+        report.failed_steps = spent.count()
+        return
+    manager = WorkflowStep.objects.db_manager(alias)
+    report.failed_steps = sum(manager.fail_lost(step) for step in spent)
+
+
+def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
+    """
+    Delete lapsed lease rows of finished runs, and rows lapsed for longer than
+    PIKKU_LEASE_PRUNE_AFTER_MS, in two steps that keep tokens rising: first
+    the token floor is raised above them (new keys start above it), and only
+    a later sweep, once that floor has stood for PRUNE_GRACE_MS, deletes them.
+    """
+    leases = Lease.objects.db_manager(alias)
+    now = leases.db_now_ms()
+    old = Q(expires_at__lte=now - conf.LEASE_PRUNE_AFTER_MS)
+    run_leases = dict(
+        leases.lapsed()
+        .filter(key__startswith=RUN_LEASE_PREFIX)
+        .exclude(old)
+        .values_list("key", "token")[:limit]
+    )
+    finished = _finished_run_keys(run_leases, alias)
+    candidates = Q(key__in=finished) | old
+
+    if dry_run:
+        floor = LeaseTokenFloor.objects.using(alias).filter(pk=1).first() or LeaseTokenFloor()
+        if floor.raised_at <= now - PRUNE_GRACE_MS:
+            floor.prunable_token = floor.token
+        return leases.filter(candidates, expires_at__lte=now, token__lte=floor.prunable_token)[:limit].count()
+    with transaction.atomic(using=alias):
+        floor, _ = LeaseTokenFloor.objects.using(alias).select_for_update().get_or_create(pk=1)
+        if floor.raised_at <= now - PRUNE_GRACE_MS and floor.prunable_token < floor.token:
+            floor.prunable_token = floor.token
+        doomed = leases.filter(candidates, expires_at__lte=now, token__lte=floor.prunable_token)
+        keys = list(doomed.values_list("key", flat=True)[:limit])
+        # Guarded like the read: a key taken again since is live, and stays.
+        pruned, _ = leases.filter(key__in=keys, expires_at__lte=now, token__lte=floor.prunable_token).delete()
+        highest = (
+            leases.filter(candidates, expires_at__lte=now)
+            .order_by("-token")
+            .values_list("token", flat=True)
+            .first()
+        )
+        if highest is not None and highest > floor.token:
+            floor.token = highest
+            floor.raised_at = now
+        floor.save()
+    return pruned
+
+
+def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
+    """The run-lease keys whose run has finished (or is gone)."""
+    ids = {}
+    for key in run_leases:
+        try:
+            ids[uuid.UUID(key[len(RUN_LEASE_PREFIX) :])] = key
+        except ValueError:
+            continue
+    alive = set(
+        WorkflowRun.objects.using(alias)
+        .filter(pk__in=ids)
+        .exclude(status__in=FINISHED_RUN_STATUSES)
+        .values_list("pk", flat=True)
+    )
+    return [key for run_id, key in ids.items() if run_id not in alive]
+
+
+__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep"]

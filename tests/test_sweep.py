@@ -1,0 +1,236 @@
+"""One sweep pass: spent steps, wakes with back-off, undispatched steps, pruning."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.test import TestCase
+
+from pikku_django.managers import SWEEP_BACKOFF_MAX_MS, WOKEN
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sweep import PRUNE_GRACE_MS, sweep
+from tests.conftest import age, lapse, lapse_step, make_run, make_step
+
+IDLE = 60_000
+
+
+def idle_run(step_status: str | None = "pending", **step_fields) -> WorkflowRun:  # type: ignore[no-untyped-def]
+    """A running run, not due, idle for twice the window, with one step."""
+    run = make_run()
+    WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+    if step_status is not None:
+        step = make_step(run)
+        WorkflowStep.objects.filter(pk=step.pk).update(status=step_status, **step_fields)
+        age(WorkflowStep, step.pk, IDLE * 2)
+    age(WorkflowRun, run.pk, IDLE * 2)
+    return run
+
+
+def wake_at(run: WorkflowRun) -> int | None:
+    return WorkflowRun.objects.values_list("wake_at", flat=True).get(pk=run.pk)
+
+
+def everything() -> list:
+    """Every row the sweep could touch."""
+    return [
+        list(model.objects.order_by("pk").values())
+        for model in (Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt)
+    ]
+
+
+class StalledSweepTests(TestCase):
+    def test_idle_run_with_a_pending_step_is_woken(self) -> None:
+        run = idle_run("pending")
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.stalled_runs == 1 and report.woken_runs == 1
+        assert wake_at(run) == WOKEN <= Lease.objects.db_now_ms()
+        assert WorkflowRun.objects.due().filter(pk=run.pk).exists()
+
+    def test_steps_in_flight_hold_runs_out(self) -> None:
+        now = Lease.objects.db_now_ms()
+        runs = [
+            idle_run("scheduled"),
+            idle_run("suspended"),
+            idle_run("running", lease_expires_at=now + IDLE),
+            idle_run("running", lease_expires_at=None),
+        ]
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.woken_runs == 0 and report.stalled_runs == 0
+        assert all(wake_at(run) is None for run in runs)
+
+    def test_lapsed_lease_does_not_hold_it_out(self) -> None:
+        run = idle_run("running", lease_expires_at=Lease.objects.db_now_ms() - 1)
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.woken_runs == 1 and wake_at(run) == WOKEN
+
+    def test_lapsed_step_wakes_its_run_before_the_stalled_window(self) -> None:
+        run = make_run()
+        WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+        step = make_step(run, retries=2)
+        WorkflowStep.objects.claim(run.pk, step.step_name, step.rpc_name, 60_000)
+        lapse_step(step)
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.lapsed_runs == 1 and report.woken_runs == 1 and wake_at(run) == WOKEN
+
+    def test_recent_activity_and_finished_runs_are_left_alone(self) -> None:
+        recent = make_run()
+        WorkflowRun.objects.filter(pk=recent.pk).update(wake_at=None)
+        make_step(recent)
+        done = idle_run("pending")
+        WorkflowRun.objects.filter(pk=done.pk).update(status="completed")
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.woken_runs == 0
+        assert wake_at(recent) is None and wake_at(done) is None
+
+
+class BackOffTests(TestCase):
+    def test_woken_run_is_skipped_until_its_back_off_then_the_back_off_doubles(self) -> None:
+        run = idle_run("pending")
+        assert sweep(stalled_after_ms=IDLE).woken_runs == 1
+        first = WorkflowRun.objects.get(pk=run.pk)
+        now = Lease.objects.db_now_ms()
+        assert first.sweep_wakes == 1 and now + 25_000 < first.sweep_after <= now + 30_000
+
+        # Nobody drove it; the next sweep finds it stalled but leaves it be.
+        WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+        report = sweep(stalled_after_ms=IDLE)
+        assert (report.stalled_runs, report.woken_runs, report.backed_off_runs) == (1, 0, 1)
+        assert wake_at(run) is None
+
+        # Once the back-off has passed (moved, not slept), it is woken again for twice as long.
+        WorkflowRun.objects.filter(pk=run.pk).update(sweep_after=Lease.objects.db_now_ms() - 1)
+        assert sweep(stalled_after_ms=IDLE).woken_runs == 1
+        second = WorkflowRun.objects.get(pk=run.pk)
+        now = Lease.objects.db_now_ms()
+        assert second.sweep_wakes == 2 and now + 55_000 < second.sweep_after <= now + 60_000
+
+    def test_back_off_is_capped_at_ten_minutes(self) -> None:
+        run = idle_run("pending")
+        WorkflowRun.objects.filter(pk=run.pk).update(sweep_wakes=9, swept_at=run.updated_at, sweep_after=0)
+        assert sweep(stalled_after_ms=IDLE).woken_runs == 1
+        now = Lease.objects.db_now_ms()
+        assert WorkflowRun.objects.get(pk=run.pk).sweep_after <= now + SWEEP_BACKOFF_MAX_MS
+
+    def test_activity_since_the_last_wake_starts_the_back_off_again(self) -> None:
+        run = idle_run("pending")
+        sweep(stalled_after_ms=IDLE)
+        WorkflowRun.objects.filter(pk=run.pk).update(sweep_wakes=4)
+        # A worker drove it (activity), then it stalled again.
+        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=WorkflowRun.objects.get(pk=run.pk).swept_at)
+        age(WorkflowRun, run.pk, -1)  # one ms after the sweep's wake
+        assert sweep(stalled_after_ms=0).woken_runs == 1
+        assert WorkflowRun.objects.get(pk=run.pk).sweep_wakes == 1
+
+    def test_two_sweeps_wake_a_run_once(self) -> None:
+        run = idle_run("pending")
+        runs = WorkflowRun.objects.filter(pk=run.pk)
+        assert runs.sweep_wake() == 1
+        assert runs.sweep_wake() == 0
+
+
+class SpentAndUndispatchedTests(TestCase):
+    def test_spent_lapsed_step_is_failed_and_its_run_woken(self) -> None:
+        run = make_run()
+        WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+        step = make_step(run, retries=0)
+        WorkflowStep.objects.claim(run.pk, step.step_name, step.rpc_name, 60_000)
+        lapse_step(step)
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.failed_steps == 1
+        step.refresh_from_db()
+        assert step.status == "failed" and "lost its worker" in step.error["message"]
+        assert wake_at(run) == WOKEN
+        assert WorkflowStep.objects.refresh_lease(step.pk, 1000, attempt=1) is False
+
+    def test_undispatched_pending_step_wakes_its_run_once(self) -> None:
+        run = make_run()
+        WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+        step = make_step(run)
+        assert sweep(stalled_after_ms=IDLE).undispatched_runs == 0
+        age(WorkflowStep, step.pk, 31_000)
+        report = sweep(stalled_after_ms=IDLE)
+        assert report.undispatched_runs == 1 and report.woken_runs == 1
+        WorkflowRun.objects.filter(pk=run.pk).update(wake_at=None)
+        assert sweep(stalled_after_ms=IDLE).woken_runs == 0
+
+
+class PruneTests(TestCase):
+    def pass_grace(self) -> None:
+        LeaseTokenFloor.objects.update(raised_at=Lease.objects.db_now_ms() - PRUNE_GRACE_MS - 1)
+
+    def test_lapsed_leases_of_finished_runs_are_pruned_and_tokens_keep_rising(self) -> None:
+        run = make_run()
+        for _ in range(3):  # token 3
+            Lease.objects.release(Lease.objects.acquire(run.lease_key, "w", 60_000))
+        live_run = make_run()
+        Lease.objects.acquire(live_run.lease_key, "w", 60_000)
+        WorkflowRun.objects.filter(pk=run.pk).update(status="completed")
+        assert sweep().pruned_leases == 0  # the floor is raised first...
+        assert LeaseTokenFloor.objects.get().token == 3
+        self.pass_grace()
+        assert sweep().pruned_leases == 1  # ...and rows under it go once it has stood
+        assert not Lease.objects.filter(key=run.lease_key).exists()
+        assert Lease.objects.filter(key=live_run.lease_key).exists()
+        assert Lease.objects.acquire(run.lease_key, "w", 60_000).token == 4
+
+    def test_old_lapsed_leases_are_pruned_live_and_recent_ones_kept(self) -> None:
+        Lease.objects.acquire("old", "w", 60_000)
+        lapse("old", ago_ms=8 * 24 * 3600 * 1000)
+        Lease.objects.acquire("recent", "w", 60_000)
+        lapse("recent")
+        Lease.objects.acquire("live", "w", 60_000)
+        sweep()
+        self.pass_grace()
+        assert sweep().pruned_leases == 1
+        assert sorted(Lease.objects.values_list("key", flat=True)) == ["live", "recent"]
+        assert Lease.objects.acquire("old", "w2", 60_000).token == 2
+
+    def test_a_key_taken_again_before_the_delete_is_kept(self) -> None:
+        Lease.objects.acquire("old", "w", 60_000)
+        lapse("old", ago_ms=8 * 24 * 3600 * 1000)
+        sweep()
+        self.pass_grace()
+        assert Lease.objects.acquire("old", "w2", 60_000).token == 2
+        assert sweep().pruned_leases == 0
+        assert Lease.objects.current("old").token == 2
+
+
+class DryRunAndCommandTests(TestCase):
+    def test_dry_run_changes_nothing_but_reports(self) -> None:
+        idle_run("pending")
+        run = make_run()
+        step = make_step(run, retries=0)
+        WorkflowStep.objects.claim(run.pk, step.step_name, step.rpc_name, 60_000)
+        lapse_step(step)
+        Lease.objects.acquire("old", "w", 60_000)
+        lapse("old", ago_ms=8 * 24 * 3600 * 1000)
+        before = everything()
+        report = sweep(stalled_after_ms=IDLE, dry_run=True)
+        assert everything() == before
+        assert report.dry_run and report.failed_steps == 1 and report.woken_runs >= 1
+
+    def test_command_json(self) -> None:
+        idle_run("pending")
+        out = io.StringIO()
+        call_command("pikku_sweep", "--json", "--stalled-after", "60", stdout=out)
+        report = json.loads(out.getvalue())
+        assert report["woken_runs"] == 1 and report["dry_run"] is False
+        assert set(report) >= {"failed_steps", "stalled_runs", "pruned_leases", "duration_ms"}
+
+    def test_command_summary_and_dry_run(self) -> None:
+        idle_run("pending")
+        out = io.StringIO()
+        call_command("pikku_sweep", "--dry-run", "--stalled-after", "60", stdout=out)
+        assert out.getvalue().startswith("Sweep (would): ") and "woke 1 runs" in out.getvalue()
+        quiet = io.StringIO()
+        call_command("pikku_sweep", "--verbosity", "0", stdout=quiet)
+        assert quiet.getvalue() == ""
+
+    def test_bad_arguments(self) -> None:
+        with pytest.raises(ValueError, match="stalled_after_ms"):
+            sweep(stalled_after_ms=-1)
+        with pytest.raises(ValueError, match="limit"):
+            sweep(limit=0)
