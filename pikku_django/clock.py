@@ -12,11 +12,14 @@ process on its one host.
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import BigIntegerField, DateTimeField, Expression
+
+if TYPE_CHECKING:
+    from django.db.models.sql.compiler import _AsSqlType
 
 #: clock_timestamp(), not now(): now() is frozen at the start of the transaction.
 POSTGRESQL_NOW_MS = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
@@ -25,9 +28,7 @@ POSTGRESQL_NOW_MS = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint
 #: follow the session time zone, and when it falls back an hour two real
 #: instants share one local time. Both operands are DATETIMEs, so no zone
 #: conversion happens. UTC_TIMESTAMP is fixed for the whole statement.
-MYSQL_NOW_MS = (
-    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
-)
+MYSQL_NOW_MS = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
 
 #: SQLite's 'now' is the process clock, fixed for the whole statement.
 SQLITE_NOW_MS = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
@@ -45,8 +46,7 @@ def now_ms_sql(connection: BaseDatabaseWrapper) -> str:
         return _NOW_MS[connection.vendor]
     except KeyError:
         raise NotSupportedError(
-            f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, "
-            f"not {connection.vendor!r}."
+            f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {connection.vendor!r}."
         ) from None
 
 
@@ -55,13 +55,13 @@ class DbNowMs(Expression):
 
     output_field = BigIntegerField()
 
-    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
-        return f"({now_ms_sql(connection)})", []
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
+        return f"({now_ms_sql(connection)})", ()
 
-    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         # A scalar subquery is evaluated once per statement, so the planner can
         # use it as an index bound; bare clock_timestamp() is volatile and can't be.
-        return f"(SELECT {POSTGRESQL_NOW_MS})", []
+        return f"(SELECT {POSTGRESQL_NOW_MS})", ()
 
 
 class DbNow(Expression):
@@ -77,25 +77,25 @@ class DbNow(Expression):
         super().__init__()
         self.minus_ms = int(minus_ms)
 
-    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         # A scalar subquery: evaluated once, usable as an index bound (see DbNowMs).
         if not self.minus_ms:
-            return "(SELECT clock_timestamp())", []
-        return "(SELECT clock_timestamp() - make_interval(secs => %s))", [self.minus_ms / 1000]
+            return "(SELECT clock_timestamp())", ()
+        return "(SELECT clock_timestamp() - %s * INTERVAL '1 millisecond')", (self.minus_ms,)
 
-    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         # Django stores UTC in DATETIME(6) columns on MySQL.
         if not self.minus_ms:
-            return "UTC_TIMESTAMP(6)", []
-        return "(UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND)", [self.minus_ms * 1000]
+            return "UTC_TIMESTAMP(6)", ()
+        return "(UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND)", (self.minus_ms * 1000,)
 
-    def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         # The process clock, bound as a parameter so that Django writes it in
         # exactly the text format it stores datetimes in (and compares them by).
         now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(milliseconds=self.minus_ms)
-        return "%s", [connection.ops.adapt_datetimefield_value(now)]
+        return "%s", (str(connection.ops.adapt_datetimefield_value(now)),)
 
-    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         raise NotSupportedError(
             f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {connection.vendor!r}."
         )

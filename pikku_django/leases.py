@@ -129,7 +129,7 @@ class HeldLease:
 
     @property
     def key(self) -> str:
-        return self._renewal.lease.key
+        return str(self._renewal.lease.key)
 
     @property
     def token(self) -> int:

@@ -97,14 +97,10 @@ class LeaseManager(models.Manager["Lease"]):
     def _acquire(self, params: dict[str, Any], *, portable: bool = False) -> Lease | None:
         connection = self._connection()
         ensure_autocommit(connection)
-        statements = sql.statement("lease_acquire", connection, portable=portable)
         with connection.cursor() as cursor:
-            if isinstance(statements, tuple):
-                # MySQL: the upsert, then the read-back (see sql.MYSQL_LEASE_ACQUIRE).
-                for text in statements:
-                    cursor.execute(text, params)
-            else:
-                cursor.execute(statements, params)
+            # One statement; on MySQL 8, the upsert and its read-back (sql.MYSQL_LEASE_ACQUIRE).
+            for text in sql.statements("lease_acquire", connection, portable=portable):
+                cursor.execute(text, params)
             row = cursor.fetchone()
         if row is None or row[1] != params["holder"]:
             return None
@@ -285,7 +281,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         validate.whole("limit", limit, minimum=1)
         from pikku_django.models import WorkflowStep
 
-        steps = WorkflowStep.objects.using(self.db).filter(run=OuterRef("pk"))
+        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
         cutoff = DbNow(minus_ms=idle_ms)
         return list(
             self.get_queryset()
@@ -390,14 +386,13 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         params.update(now_params(connection))
         with transaction.atomic(using=alias):
             step = self._claim(connection, params)
-        if step is not None:
-            return step
-        return self._settle_unclaimed(run_id, step_name, rpc_name)
+        if step is None:
+            self._settle_unclaimed(run_id, step_name, rpc_name)
+        return step
 
     def _claim(self, connection: BaseDatabaseWrapper, params: dict[str, Any]) -> WorkflowStep | None:
         alias = connection.alias
         text = sql.statement("step_claim", connection)
-        assert isinstance(text, str)
         if connection.vendor == "postgresql":
             # The UPDATE and the history row are one statement (sql.POSTGRESQL_STEP_CLAIM).
             rows = list(self.model.objects.raw(text, params).using(alias))
@@ -415,20 +410,18 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
                 else None
             )
         if step is not None:
-            history = sql.statement("step_claim_history", connection)
-            assert isinstance(history, str)
             with connection.cursor() as cursor:
                 cursor.execute(
-                    history,
+                    sql.statement("step_claim_history", connection),
                     {
-                        "step_id": self.model._meta.pk.get_db_prep_value(step.pk, connection),  # type: ignore[union-attr]
+                        "step_id": self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
                         "attempt": step.attempt,
                         **now_params(connection),
                     },
                 )
         return step
 
-    def _settle_unclaimed(self, run_id: Any, step_name: str, rpc_name: str) -> None:
+    def _settle_unclaimed(self, run_id: Any, step_name: str, rpc_name: str) -> None:  # noqa: C901
         """
         Why did the claim match nothing? A mismatched function raises; a step
         whose worker vanished on its last attempt is failed (fencing that
@@ -436,10 +429,7 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         """
         alias = self._write_db()
         step = (
-            self.using(alias)
-            .filter(run_id=run_id, step_name=step_name)
-            .annotate(db_now_ms=DbNowMs())
-            .first()
+            self.using(alias).filter(run_id=run_id, step_name=step_name).annotate(db_now_ms=DbNowMs()).first()
         )
         if step is None:
             raise InvalidArgumentError(
@@ -450,7 +440,7 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         lapsed = (
             step.status == "running"
             and step.lease_expires_at is not None
-            and step.lease_expires_at <= step.db_now_ms  # type: ignore[attr-defined]
+            and step.lease_expires_at <= step.db_now_ms
         )
         if lapsed and step.is_exhausted:
             self.fail_lost(step)
@@ -483,7 +473,7 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
             if not failed:
                 return False
             _write_attempt(alias, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
-            WorkflowRun.objects.using(alias).filter(pk=step.run_id).wake()
+            WorkflowRun.objects.db_manager(alias).get_queryset().filter(pk=step.run_id).wake()
         logger.warning("%s", error["message"])
         return True
 

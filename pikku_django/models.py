@@ -112,7 +112,9 @@ class WorkflowRun(models.Model):
     swept_at = models.DateTimeField(null=True, blank=True, help_text="When a sweep last woke it.")
     sweep_wakes = models.PositiveIntegerField(default=0, help_text="Sweep wakes since its last activity.")
     sweep_after = models.BigIntegerField(
-        null=True, blank=True, help_text="Epoch ms on the database clock before which no sweep wakes it again."
+        null=True,
+        blank=True,
+        help_text="Epoch ms on the database clock before which no sweep wakes it again.",
     )
 
     objects = WorkflowRunManager()

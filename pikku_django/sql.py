@@ -107,7 +107,7 @@ WHERE `key` = %(key)s AND `holder` = %(holder)s AND `expires_at` > {now}
 )
 
 #: MariaDB returns the row as the upsert left it: ours when ``holder`` is ours.
-MARIADB_LEASE_ACQUIRE = MYSQL_LEASE_UPSERT + 'RETURNING `key`, `holder`, `token`, `expires_at`'
+MARIADB_LEASE_ACQUIRE = MYSQL_LEASE_UPSERT + "RETURNING `key`, `holder`, `token`, `expires_at`"
 
 #: Renew only this holder's own live lease of this token.
 POSTGRESQL_LEASE_REFRESH = """
@@ -206,21 +206,27 @@ def variant(connection: BaseDatabaseWrapper) -> str:
         return "mariadb"
     if vendor in _NOW:
         return vendor
-    raise NotSupportedError(
-        f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {vendor!r}."
-    )
+    raise NotSupportedError(f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {vendor!r}.")
 
 
-def statement(name: str, connection: BaseDatabaseWrapper, *, portable: bool = False) -> str | tuple[str, ...]:
+def statements(name: str, connection: BaseDatabaseWrapper, *, portable: bool = False) -> tuple[str, ...]:
     """
-    The statement ``name`` for this connection, with the clock and table names
-    filled in. ``portable=True`` takes the MySQL form on MariaDB too (tests
-    prove both forms there).
+    The statements of ``name`` for this connection, with the clock and table
+    names filled in: one, except where a vendor needs more (MySQL's acquire).
+    ``portable=True`` takes the MySQL form on MariaDB too (tests prove both
+    forms there).
     """
     which = variant(connection)
     if portable and which == "mariadb":
         which = "mysql"
-    return _render(name, which)
+    rendered = _render(name, which)
+    return rendered if isinstance(rendered, tuple) else (rendered,)
+
+
+def statement(name: str, connection: BaseDatabaseWrapper) -> str:
+    """The one statement ``name`` for this connection."""
+    (text,) = statements(name, connection)
+    return text
 
 
 #: Now as a datetime, for the DateTimeFields (see ``clock.DbNow``). SQLite
@@ -271,6 +277,7 @@ def exact_char_type(connection: BaseDatabaseWrapper, max_length: int) -> str | N
     if connection.vendor == "mysql":
         return f"varchar({max_length}) CHARACTER SET utf8mb4"
     return None
+
 
 # ---------------------------------------------------------------------------
 # Workflow steps

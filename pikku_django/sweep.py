@@ -66,7 +66,11 @@ def sweep(
     using: str | None = None,
 ) -> SweepReport:
     """One pass over the store; see the module docstring."""
-    idle_ms = conf.STALLED_AFTER_MS if stalled_after_ms is None else validate.whole("stalled_after_ms", stalled_after_ms)
+    idle_ms = (
+        conf.STALLED_AFTER_MS
+        if stalled_after_ms is None
+        else validate.whole("stalled_after_ms", stalled_after_ms)
+    )
     validate.whole("limit", limit, minimum=1)
     alias = using or DEFAULT_DB_ALIAS
     started = time.monotonic()
@@ -84,10 +88,14 @@ def sweep(
         status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
     )
     undispatched = set(pending.values_list("run_id", flat=True)[:limit])
-    report.lapsed_runs, report.stalled_runs, report.undispatched_runs = len(lapsed), len(stalled), len(undispatched)
+    report.lapsed_runs, report.stalled_runs, report.undispatched_runs = (
+        len(lapsed),
+        len(stalled),
+        len(undispatched),
+    )
     due = lapsed | stalled | undispatched
     if due:
-        candidates = runs.filter(pk__in=due)
+        candidates = runs.get_queryset().filter(pk__in=due)
         report.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
         report.backed_off_runs = len(due) - report.woken_runs
 

@@ -111,7 +111,7 @@ class Worker:
             refresh_connections()
         return took
 
-    def take(self, run_id: Any, wake_at: int) -> bool:
+    def take(self, run_id: Any, wake_at: int | None) -> bool:
         """
         Claim one due run for a pass: move its ``wake_at`` to when this pass's
         run lease would lapse, guarded by the value read. Another worker that

@@ -165,7 +165,12 @@ class RunContext:
             raise Suspend(now, "the worker is stopping")
 
     def _execute(
-        self, step: WorkflowStep, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], lease_ms: int
+        self,
+        step: WorkflowStep,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        lease_ms: int,
     ) -> None:
         """Run one attempt under its step lease and record its outcome, fenced to it."""
         steps = WorkflowStep.objects.db_manager(self._using)
@@ -194,5 +199,7 @@ class RunContext:
         except StepSupersededError:
             # A newer attempt owns the step (this one's lease lapsed): its
             # outcome is the step's, and this pass is stale.
-            logger.warning("Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt)
+            logger.warning(
+                "Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt
+            )
             raise Stop("superseded") from None

@@ -27,7 +27,8 @@ def recorded_pass(run_id: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        PassRecord.objects.create(run_id=run_id, pid=os.getpid(), start_ms=start, end_ms=Lease.objects.db_now_ms())
+        end = Lease.objects.db_now_ms()
+        PassRecord.objects.create(run_id=run_id, pid=os.getpid(), start_ms=start, end_ms=end)
 
 
 def plain_step(run_id: str, name: str) -> str:
@@ -82,3 +83,16 @@ def hold_then_more(ctx: Any, input: dict[str, Any]) -> Any:
     held = ctx.step("hold", wait_for_release, str(ctx.run_id), input["path"])
     after = ctx.step("after", plain_step, str(ctx.run_id), "after")
     return [held, after]
+
+
+def slow_step(run_id: str, name: str, ms: int) -> str:
+    """A plain step that takes ``ms`` milliseconds."""
+    record_call(run_id, name)
+    time.sleep(ms / 1000)
+    return f"{name} done"
+
+
+@workflow("test.slow_steps")
+def slow_steps(ctx: Any, input: dict[str, Any]) -> list[str]:
+    """``input["steps"]`` steps of ``input["ms"]`` ms each: a backlog that lasts a few seconds."""
+    return [ctx.step(f"s{i}", slow_step, str(ctx.run_id), f"s{i}", input["ms"]) for i in range(input["steps"])]

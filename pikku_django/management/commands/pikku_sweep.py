@@ -10,6 +10,7 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand
+
 from pikku_django.conf import conf
 from pikku_django.sweep import sweep
 from pikku_django.worker import refresh_connections
@@ -50,19 +51,31 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--stalled-after", type=seconds, default=None, metavar="SECONDS",
+            "--stalled-after",
+            type=seconds,
+            default=None,
+            metavar="SECONDS",
             help="Wake running runs idle this long with no step in flight "
             "(default: PIKKU_STALLED_AFTER_MS, %(default)s = the setting).",
         )
         parser.add_argument(
-            "--limit", type=positive_int, default=100,
+            "--limit",
+            type=positive_int,
+            default=100,
             help="At most this many rows of each kind per pass (default: %(default)r).",
         )
-        parser.add_argument("--dry-run", action="store_true", help="Report what would be done; change nothing.")
-        parser.add_argument("--json", action="store_true", help="Print each pass's report as one JSON object.")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Report what would be done; change nothing."
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print each pass's report as one JSON object."
+        )
         parser.add_argument("--loop", action="store_true", help="Sweep again every --interval until stopped.")
         parser.add_argument(
-            "--interval", type=positive_seconds, default=60.0, metavar="SECONDS",
+            "--interval",
+            type=positive_seconds,
+            default=60.0,
+            metavar="SECONDS",
             help="Seconds between passes with --loop (default: %(default)r).",
         )
         parser.add_argument("--database", default=None, help="Database alias (default: 'default').")

@@ -47,23 +47,29 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Drive what is due now, then exit.")
         parser.add_argument(
-            "--once", action="store_true", help="Drive what is due now, then exit."
-        )
-        parser.add_argument(
-            "--interval", type=positive_float, default=1.0,
+            "--interval",
+            type=positive_float,
+            default=1.0,
             help="Seconds to wait when nothing is due (default: %(default)r).",
         )
         parser.add_argument(
-            "--batch", type=positive_int, default=10,
+            "--batch",
+            type=positive_int,
+            default=10,
             help="Due runs taken per look (default: %(default)r).",
         )
         parser.add_argument(
-            "--max-runs", type=positive_int, default=None,
+            "--max-runs",
+            type=positive_int,
+            default=None,
             help="Exit after this many passes (default: no limit).",
         )
         parser.add_argument(
-            "--holder", type=holder_name, default=None,
+            "--holder",
+            type=holder_name,
+            default=None,
             help="This worker's name in leases (default: host:pid:random).",
         )
         parser.add_argument("--database", default=None, help="Database alias (default: routers decide).")
@@ -81,7 +87,9 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         self._configure_logging(verbosity)
-        worker = Worker(holder=holder, interval=interval, batch=batch, once=once, max_runs=max_runs, using=database)
+        worker = Worker(
+            holder=holder, interval=interval, batch=batch, once=once, max_runs=max_runs, using=database
+        )
         worker.install_signal_handlers()
         if verbosity:
             self.stdout.write(f"pikku_worker {worker.holder} ready", ending="\n")
@@ -99,7 +107,7 @@ class Command(BaseCommand):
         logger = logging.getLogger("pikku_django")
         logger.setLevel(level)
         if not any(getattr(h, "_pikku_worker", False) for h in logger.handlers):
-            handler = logging.StreamHandler(self.stderr._out)  # type: ignore[attr-defined]
+            handler = logging.StreamHandler(self.stderr)
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             handler._pikku_worker = True  # type: ignore[attr-defined]
             logger.addHandler(handler)

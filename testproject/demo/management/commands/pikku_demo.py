@@ -32,20 +32,27 @@ class Command(BaseCommand):
     help = "Start a few demo order runs, drive them with pikku_worker processes, and show what happened."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--runs", type=positive_int, default=4, help="Runs to start (default: %(default)r).")
+        parser.add_argument(
+            "--runs", type=positive_int, default=4, help="Runs to start (default: %(default)r)."
+        )
         parser.add_argument(
             "--workers", type=positive_int, default=2, help="Worker processes (default: %(default)r)."
         )
         parser.add_argument(
-            "--timeout", type=positive_int, default=60, help="Seconds to wait for the runs (default: %(default)r)."
+            "--timeout",
+            type=positive_int,
+            default=60,
+            help="Seconds to wait for the runs (default: %(default)r).",
         )
 
     def handle(self, *, runs: int, workers: int, timeout: int, verbosity: int, **options: Any) -> None:
-        started = [start_workflow("demo.order", {"order_id": 100 + i, "cents": 500 + i}).pk for i in range(runs)]
+        started = [
+            start_workflow("demo.order", {"order_id": 100 + i, "cents": 500 + i}).pk for i in range(runs)
+        ]
         self.stdout.write(f"Started {runs} order runs; driving them with {workers} pikku_worker processes.")
         manage = Path(settings.BASE_DIR) / "manage.py"
         procs = [
-            subprocess.Popen(
+            subprocess.Popen(  # noqa: S603 (our own interpreter and manage.py)
                 [sys.executable, str(manage), "pikku_worker", "--interval", "0.2", "--verbosity", "0"],
                 env=dict(os.environ),
             )
@@ -91,7 +98,11 @@ class Command(BaseCommand):
         by_step: dict[Any, list[str]] = {}
         for attempt in attempts:
             by_step.setdefault(attempt.step_id, []).append(f"{attempt.attempt}:{attempt.status}")
-        for run in WorkflowRun.objects.filter(pk__in=started).order_by("created_at").prefetch_related("steps"):
+        for run in (
+            WorkflowRun.objects.filter(pk__in=started).order_by("created_at").prefetch_related("steps")
+        ):
             for i, step in enumerate(run.steps.order_by("created_at")):
                 head = f"{str(run.pk)[:8]:<10} {run.status:<10}" if i == 0 else " " * 21
-                self.stdout.write(f"{head} {step.step_name:<8} {step.status:<10} {' '.join(by_step.get(step.pk, []))}")
+                self.stdout.write(
+                    f"{head} {step.step_name:<8} {step.status:<10} {' '.join(by_step.get(step.pk, []))}"
+                )
