@@ -79,10 +79,9 @@ def run_workflow(
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
             _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
     except LeaseTakenError:
-        # Held elsewhere: look again a second later (never sooner than planned).
-        runs.filter(pk=run.pk, status="running", wake_at__lt=DbNowMs() + RETRY_SOON_MS).update(
-            wake_at=DbNowMs() + RETRY_SOON_MS
-        )
+        # Held elsewhere: look again a second later. Unconditionally, so that a
+        # worker's take (wake_at at its own lease's end) doesn't delay it.
+        runs.filter(pk=run.pk, status="running").update(wake_at=DbNowMs() + RETRY_SOON_MS)
     except LeaseLostError:
         # What the pass wrote stays: every step write was fenced to its attempt.
         logger.warning("Run %s lost its run lease during a pass.", run.pk)

@@ -12,35 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from pikku_django.conf import conf
+from pikku_django.management.arguments import interval, positive_int, seconds
 from pikku_django.sweep import sweep
 from pikku_django.worker import refresh_connections
-
-
-def seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 0 seconds")
-    return number
-
-
-def positive_seconds(value: str) -> float:
-    number = seconds(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0 seconds")
-    return number
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
 
 
 class Command(BaseCommand):
@@ -73,7 +47,7 @@ class Command(BaseCommand):
         parser.add_argument("--loop", action="store_true", help="Sweep again every --interval until stopped.")
         parser.add_argument(
             "--interval",
-            type=positive_seconds,
+            type=interval,
             default=60.0,
             metavar="SECONDS",
             help="Seconds between passes with --loop (default: %(default)r).",

@@ -8,36 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pikku_django import validate
-from pikku_django.errors import InvalidArgumentError
+from pikku_django.management.arguments import holder_name, interval, positive_int
 from pikku_django.worker import Worker
-
-
-def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0 seconds")
-    return number
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
-
-
-def holder_name(value: str) -> str:
-    try:
-        return validate.name("holder", value)
-    except InvalidArgumentError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class Command(BaseCommand):
@@ -50,7 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Drive what is due now, then exit.")
         parser.add_argument(
             "--interval",
-            type=positive_float,
+            type=interval,
             default=1.0,
             help="Seconds to wait when nothing is due (default: %(default)r).",
         )

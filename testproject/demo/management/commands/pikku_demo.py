@@ -14,18 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from pikku_django.management.arguments import positive_int
 from pikku_django.models import WorkflowRun, WorkflowStepAttempt
 from pikku_django.workflows import start_workflow
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
 
 
 class Command(BaseCommand):
