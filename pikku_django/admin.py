@@ -33,7 +33,7 @@ def format_ms(ms: int) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReadOnlyMixin:
     """Rows written by workers: viewable, never added, edited or deleted by hand."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -46,7 +46,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in self.model._meta.fields] + list(self.readonly_fields)
+        fields = self.model._meta.fields  # type: ignore[attr-defined]
+        return [field.name for field in fields] + list(self.readonly_fields)  # type: ignore[attr-defined]
+
+
+class ReadOnlyAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """A ModelAdmin for rows written by workers."""
 
 
 class LeaseStateFilter(admin.SimpleListFilter):
@@ -162,23 +167,11 @@ def step_counts(status: str | None = None) -> Coalesce:
     return Coalesce(Subquery(counted), 0)
 
 
-class ReadOnlyTabularInline(admin.TabularInline):  # type: ignore[type-arg]
-    """The inline twin of ``ReadOnlyAdmin``: rows shown, never added, edited or deleted."""
+class ReadOnlyTabularInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
+    """The inline twin of ``ReadOnlyAdmin``."""
 
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in self.model._meta.fields] + list(self.readonly_fields)
 
 
 class StepColumns(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
