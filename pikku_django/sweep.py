@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import Q
+from django.db.models import Exists, F, Q
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
@@ -82,7 +82,13 @@ def sweep(
     steps = WorkflowStep.objects.db_manager(alias)
     # A lapsed step with attempts left is a dead worker: its run is woken at
     # once, whatever the stalled window, so the step is taken again promptly.
-    lapsed = set(steps.lapsed().filter(run__status="running").values_list("run_id", flat=True)[:limit])
+    lapsed_steps = steps.lapsed().filter(run__status="running")
+    if dry_run:
+        # A real pass has failed the spent ones by now (and woken their runs itself).
+        lapsed_steps = lapsed_steps.exclude(attempt__gte=F("retries") + 1)
+    lapsed = set(lapsed_steps.values_list("run_id", flat=True)[:limit])
+    if lapsed and not dry_run:
+        _free_run_leases(lapsed, alias)
     stalled = set(runs.stalled(idle_ms, limit))
     pending = steps.filter(
         status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
@@ -102,6 +108,19 @@ def sweep(
     report.pruned_leases = _prune_leases(limit, dry_run, alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
+
+
+def _free_run_leases(run_ids: set[Any], alias: str) -> None:
+    """
+    A running step under a lapsed lease means the pass that drove it is gone,
+    and so is its claim on the run: lapse the run lease (guarded, in the same
+    statement, by the step still being lapsed), so a woken run is driven now,
+    not once the dead worker's run lease runs out.
+    """
+    leases = Lease.objects.db_manager(alias)
+    for run_id in run_ids:
+        dead = WorkflowStep.objects.db_manager(alias).lapsed().filter(run_id=run_id)
+        leases.get_queryset().filter(key=f"{RUN_LEASE_PREFIX}{run_id}").filter(Exists(dead)).expire()
 
 
 def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:

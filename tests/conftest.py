@@ -30,8 +30,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_script(code: str, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
-               prefix: list[str] | None = None) -> subprocess.Popen[str]:
+def run_script(
+    code: str,
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+) -> subprocess.Popen[str]:
     """Start ``python -c code args…`` against the live test database."""
     return subprocess.Popen(
         [*(prefix or []), sys.executable, "-c", code, *args],

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import SimpleTestCase, override_settings
-
-import pytest
 
 from pikku_django.checks import SETTING_CHECK_IDS, check_settings
 from pikku_django.conf import DEFAULTS, conf
@@ -35,7 +34,7 @@ class SettingsCheckTests(SimpleTestCase):
             call_command("check")
 
     def test_settings_are_read_lazily(self) -> None:
-        assert conf.LEASE_TTL_MS == DEFAULTS["PIKKU_LEASE_TTL_MS"]
+        assert DEFAULTS["PIKKU_LEASE_TTL_MS"] == conf.LEASE_TTL_MS
         with override_settings(PIKKU_LEASE_TTL_MS=1234, PIKKU_STEP_RETRIES=0):
             assert conf.LEASE_TTL_MS == 1234
             assert conf.STEP_RETRIES == 0

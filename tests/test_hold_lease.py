@@ -166,7 +166,11 @@ class HoldLeaseTests(TransactionTestCase):
         assert seen[0].connection is None
 
     def test_bad_arguments(self) -> None:
-        for kwargs, argument in [({"ttl_ms": 0}, "ttl_ms"), ({"ttl_ms": True}, "ttl_ms"), ({"holder": ""}, "holder")]:
+        for kwargs, argument in [
+            ({"ttl_ms": 0}, "ttl_ms"),
+            ({"ttl_ms": True}, "ttl_ms"),
+            ({"holder": ""}, "holder"),
+        ]:
             with pytest.raises(ValueError, match=argument), hold_lease("k", **kwargs):
                 pass
         with pytest.raises(ValueError, match="key"), hold_lease(""):

@@ -172,9 +172,8 @@ class TransactionPolicyTests(TransactionTestCase):
     """Lease operations commit on their own; inside atomic() they are refused."""
 
     def test_refused_inside_atomic(self) -> None:
-        with transaction.atomic():
-            with pytest.raises(LeaseInTransactionError):
-                Lease.objects.acquire("k", "a", TTL)
+        with transaction.atomic(), pytest.raises(LeaseInTransactionError):
+            Lease.objects.acquire("k", "a", TTL)
         lease = Lease.objects.acquire("k", "a", TTL)
         with transaction.atomic():
             with pytest.raises(LeaseInTransactionError):
@@ -197,7 +196,10 @@ class TransactionPolicyTests(TransactionTestCase):
         other = connection.copy()
         try:
             with other.cursor() as cursor:
-                cursor.execute("SELECT holder, token FROM pikku_lease WHERE " + other.ops.quote_name("key") + " = %s", ["k"])
+                cursor.execute(
+                    "SELECT holder, token FROM pikku_lease WHERE " + other.ops.quote_name("key") + " = %s",
+                    ["k"],
+                )
                 assert cursor.fetchone() == ("a", lease.token)
         finally:
             other.close()

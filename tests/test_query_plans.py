@@ -49,7 +49,7 @@ class QueryPlanTests(TestCase):
 
         with connection.execute_wrapper(capture):
             WorkflowRun.objects.stalled(60_000)
-        (text, params), = captured
+        ((text, params),) = captured
         plan = explain(text, params)
         assert "pikku_run_status_upd_idx" in plan, plan
         assert "Index Cond: (((status)::text = 'running'::text) AND (updated_at <=" in plan, plan

@@ -14,7 +14,9 @@ LEASE = 60_000
 
 
 def history(step: WorkflowStep) -> list[tuple[int, str]]:
-    return list(WorkflowStepAttempt.objects.filter(step=step).order_by("attempt").values_list("attempt", "status"))
+    return list(
+        WorkflowStepAttempt.objects.filter(step=step).order_by("attempt").values_list("attempt", "status")
+    )
 
 
 def snapshot(step: WorkflowStep) -> tuple:
@@ -64,7 +66,9 @@ class RunStoreTests(TestCase):
 class InsertStepTests(TestCase):
     def test_insert_step(self) -> None:
         run = make_run()
-        step = WorkflowStep.objects.insert_step(run, "charge", "shop.charge", {"cents": 5}, retries=2, retry_delay=100)
+        step = WorkflowStep.objects.insert_step(
+            run, "charge", "shop.charge", {"cents": 5}, retries=2, retry_delay=100
+        )
         step.refresh_from_db()
         assert (step.status, step.attempt, step.retries, step.retry_delay) == ("pending", 1, 2, 100)
         assert step.data == {"cents": 5} and step.lease_expires_at is None and step.run_id == run.pk
@@ -100,7 +104,9 @@ class InsertStepTests(TestCase):
 
 
 class ClaimTests(TestCase):
-    def claim(self, step: WorkflowStep, rpc_name: str = "shop.charge", lease_ms: int = LEASE) -> WorkflowStep | None:
+    def claim(
+        self, step: WorkflowStep, rpc_name: str = "shop.charge", lease_ms: int = LEASE
+    ) -> WorkflowStep | None:
         return WorkflowStep.objects.claim(step.run_id, step.step_name, rpc_name, lease_ms)
 
     def test_pending_becomes_running_under_a_lease(self) -> None:
@@ -116,7 +122,9 @@ class ClaimTests(TestCase):
     def test_scheduled_becomes_running_with_same_attempt(self) -> None:
         step = make_step()
         WorkflowStep.objects.filter(pk=step.pk).update(status="scheduled", attempt=2)
-        WorkflowStepAttempt.objects.create(step=step, attempt=2, status="scheduled", created_at=step.created_at)
+        WorkflowStepAttempt.objects.create(
+            step=step, attempt=2, status="scheduled", created_at=step.created_at
+        )
         claimed = self.claim(step)
         assert claimed is not None and (claimed.status, claimed.attempt) == ("running", 2)
         assert history(step) == [(1, "pending"), (2, "running")]
@@ -233,7 +241,11 @@ class FenceTests(TestCase):
         assert WorkflowStep.objects.refresh_lease(self.step.pk, LEASE, attempt=2)
         WorkflowStep.objects.record_result(self.step.pk, {"charged": 5}, attempt=2)
         self.step.refresh_from_db()
-        assert (self.step.status, self.step.result, self.step.lease_expires_at) == ("succeeded", {"charged": 5}, None)
+        assert (self.step.status, self.step.result, self.step.lease_expires_at) == (
+            "succeeded",
+            {"charged": 5},
+            None,
+        )
         assert history(self.step) == [(1, "running"), (2, "succeeded")]
         row = WorkflowStepAttempt.objects.get(step=self.step, attempt=2)
         assert row.result == {"charged": 5} and row.succeeded_at is not None

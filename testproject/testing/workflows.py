@@ -95,4 +95,5 @@ def slow_step(run_id: str, name: str, ms: int) -> str:
 @workflow("test.slow_steps")
 def slow_steps(ctx: Any, input: dict[str, Any]) -> list[str]:
     """``input["steps"]`` steps of ``input["ms"]`` ms each: a backlog that lasts a few seconds."""
-    return [ctx.step(f"s{i}", slow_step, str(ctx.run_id), f"s{i}", input["ms"]) for i in range(input["steps"])]
+    ms = input["ms"]
+    return [ctx.step(f"s{i}", slow_step, str(ctx.run_id), f"s{i}", ms) for i in range(input["steps"])]
