@@ -12,6 +12,10 @@ from pikku_django.conf import DEFAULTS, conf
 
 
 class SettingsCheckTests(SimpleTestCase):
+    # call_command("check") runs the database checks too (Django 6 asks SQLite
+    # about JSON support), so the test may touch the database.
+    databases = {"default"}
+
     def test_defaults_pass(self) -> None:
         assert check_settings() == []
 
