@@ -18,6 +18,8 @@ setup(
     extras_require={
         "postgres": ["psycopg[binary]>=3.1"],
         "mysql": ["mysqlclient>=2.2"],
+        # What testproject/ (the demo) needs beside Django.
+        "demo": ["django-environ>=0.11"],
         "test": [
             "pytest>=8",
             "pytest-django>=4.9",
