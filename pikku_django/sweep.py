@@ -142,35 +142,32 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
     """
     leases = Lease.objects.db_manager(alias)
     now = leases.db_now_ms()
-    old = Q(expires_at__lte=now - conf.LEASE_PRUNE_AFTER_MS)
+    cutoff = now - conf.LEASE_PRUNE_AFTER_MS
+    # Both reads are bounded by ``limit`` and served by indexes (the key and
+    # expires_at), so a pass costs the same however much history there is.
+    old = dict(
+        leases.filter(expires_at__lte=cutoff).order_by("expires_at").values_list("key", "token")[:limit]
+    )
     run_leases = dict(
         leases.lapsed()
-        .filter(key__startswith=RUN_LEASE_PREFIX)
-        .exclude(old)
+        .filter(key__startswith=RUN_LEASE_PREFIX, expires_at__gt=cutoff)
         .values_list("key", "token")[:limit]
     )
     finished = _finished_run_keys(run_leases, alias)
-    candidates = Q(key__in=finished) | old
+    # Guarded per kind: a key taken again since it was read no longer matches.
+    candidates = Q(key__in=list(old), expires_at__lte=cutoff) | Q(key__in=finished, expires_at__lte=now)
+    highest = max([*old.values(), *(run_leases[key] for key in finished)], default=None)
 
     if dry_run:
         floor = LeaseTokenFloor.objects.using(alias).filter(pk=1).first() or LeaseTokenFloor()
         if floor.raised_at <= now - PRUNE_GRACE_MS:
             floor.prunable_token = floor.token
-        return leases.filter(candidates, expires_at__lte=now, token__lte=floor.prunable_token)[:limit].count()
+        return leases.filter(candidates, token__lte=floor.prunable_token).count()
     with transaction.atomic(using=alias):
         floor, _ = LeaseTokenFloor.objects.using(alias).select_for_update().get_or_create(pk=1)
         if floor.raised_at <= now - PRUNE_GRACE_MS and floor.prunable_token < floor.token:
             floor.prunable_token = floor.token
-        doomed = leases.filter(candidates, expires_at__lte=now, token__lte=floor.prunable_token)
-        keys = list(doomed.values_list("key", flat=True)[:limit])
-        # Guarded like the read: a key taken again since is live, and stays.
-        pruned, _ = leases.filter(key__in=keys, expires_at__lte=now, token__lte=floor.prunable_token).delete()
-        highest = (
-            leases.filter(candidates, expires_at__lte=now)
-            .order_by("-token")
-            .values_list("token", flat=True)
-            .first()
-        )
+        pruned, _ = leases.filter(candidates, token__lte=floor.prunable_token).delete()
         if highest is not None and highest > floor.token:
             floor.token = highest
             floor.raised_at = now

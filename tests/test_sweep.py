@@ -188,6 +188,17 @@ class PruneTests(TestCase):
         assert sorted(Lease.objects.values_list("key", flat=True)) == ["live", "recent"]
         assert Lease.objects.acquire("old", "w2", 60_000).token == 2
 
+    def test_a_pass_prunes_at_most_limit_rows(self) -> None:
+        for i in range(5):
+            Lease.objects.acquire(f"old:{i}", "w", 60_000)
+            lapse(f"old:{i}", ago_ms=8 * 24 * 3600 * 1000 + i)
+        sweep(limit=2)
+        self.pass_grace()
+        assert sweep(limit=2).pruned_leases == 2
+        self.pass_grace()
+        assert sweep(limit=2).pruned_leases == 2
+        assert Lease.objects.count() == 1
+
     def test_a_key_taken_again_before_the_delete_is_kept(self) -> None:
         Lease.objects.acquire("old", "w", 60_000)
         lapse("old", ago_ms=8 * 24 * 3600 * 1000)
