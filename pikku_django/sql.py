@@ -38,15 +38,15 @@ from pikku_django.clock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS, SQLITE_NOW_MS
 #: its token go backwards.
 POSTGRESQL_LEASE_ACQUIRE = """
 WITH clock AS (SELECT {now} AS now_ms),
-cur AS (SELECT "holder", "token", "expires_at" FROM {lease} WHERE "key" = %(key)s)
+cur AS (SELECT "holder", "token", "expires_at" FROM {lease} WHERE "key" = %(key)s::varchar)
 INSERT INTO {lease} AS l ("key", "holder", "token", "expires_at")
-SELECT %(key)s, %(holder)s,
+SELECT %(key)s::varchar, %(holder)s::varchar,
     GREATEST(COALESCE((SELECT "token" FROM cur), 0),
              COALESCE((SELECT "token" FROM {floor} WHERE "id" = 1), 0)) + 1,
     clock.now_ms + %(ttl_ms)s
 FROM clock
 WHERE NOT EXISTS (
-    SELECT 1 FROM cur WHERE cur."holder" <> %(holder)s AND cur."expires_at" > clock.now_ms
+    SELECT 1 FROM cur WHERE cur."holder" <> %(holder)s::varchar AND cur."expires_at" > clock.now_ms
 )
 ON CONFLICT ("key") DO UPDATE SET
     "token" = CASE

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+from unittest import skipUnless
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import TestCase, TransactionTestCase
 
 from pikku_django.errors import LeaseInTransactionError, PikkuError
-from pikku_django.models import Lease
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from tests.conftest import lapse
 
 TTL = 60_000
@@ -203,3 +204,29 @@ class TransactionPolicyTests(TransactionTestCase):
                 assert cursor.fetchone() == ("a", lease.token)
         finally:
             other.close()
+
+
+@skipUnless(connection.vendor == "postgresql", "server-side binding is a psycopg 3 option")
+class ServerSideBindingTests(TransactionTestCase):
+    """Projects may set OPTIONS["server_side_binding"]: every statement must type its parameters."""
+
+    def setUp(self) -> None:
+        ssb = connection.copy(alias="ssb")
+        ssb.settings_dict["OPTIONS"]["server_side_binding"] = True
+        connections["ssb"] = ssb
+        self.addCleanup(lambda: connections.__delitem__("ssb"))
+        self.addCleanup(lambda: connections["ssb"].close())
+
+    def test_lease_and_step_operations(self) -> None:
+        leases = Lease.objects.db_manager("ssb")
+        lease = leases.acquire("k", "a", TTL)
+        assert lease is not None and lease.token == 1
+        assert leases.acquire("k", "b", TTL) is None
+        assert leases.refresh(lease, TTL) is not None
+        assert leases.current("k").holder == "a"
+        leases.release(lease)
+        assert leases.acquire("k", "b", TTL).token == 2
+        run = WorkflowRun.objects.db_manager("ssb").create_run("order")
+        step = WorkflowStep.objects.db_manager("ssb").insert_step(run, "charge", "shop.charge")
+        claimed = WorkflowStep.objects.db_manager("ssb").claim(run.pk, "charge", "shop.charge", TTL)
+        assert claimed is not None and claimed.pk == step.pk
