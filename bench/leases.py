@@ -20,30 +20,17 @@ import itertools
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
+from django.db import connection, transaction
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
-from django.db.migrations.executor import MigrationExecutor  # noqa: E402
-
-from pikku_django import sql  # noqa: E402
-from pikku_django.models import Lease  # noqa: E402
+from pikku_django import sql
+from pikku_django.models import Lease
 
 PREFIX = "bench:"
 HOLDER = "bench-holder"
@@ -509,28 +496,6 @@ class Bench:
         if self.which in ("postgresql", "mariadb"):
             lines.append(f"  held-key acquire run in a transaction, then rolled back: {probe}")
         return lines
-
-
-def revision() -> str:
-    """The checkout the lease code comes from, for the record."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],  # noqa: S607
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return f"{ROOT} (not a git checkout)"
-    return f"git {done.stdout.strip()}"
-
-
-def migrate_if_needed() -> bool:
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        call_command("migrate", interactive=False, verbosity=0)
-        return True
-    return False
 
 
 def positive(text: str) -> float:

@@ -48,37 +48,24 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import os
 import platform
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+import django
+from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
+from django.db import connection, transaction
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
-from django.db.migrations.executor import MigrationExecutor  # noqa: E402
-
-from pikku_django import sql  # noqa: E402
-from pikku_django.clock import DbNow, DbNowMs  # noqa: E402
-from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt  # noqa: E402
+from pikku_django import sql
+from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
 WORKFLOW = "bench.steps"
 RPC = "bench.steps.step"
@@ -95,26 +82,6 @@ FLOOR = "floor: 1-row UPDATE, autocommit"
 # ---------------------------------------------------------------------------
 # Shared with bench/workflows.py and bench/sweep.py
 # ---------------------------------------------------------------------------
-
-
-def revision() -> str:
-    """The checkout measured: git describe, plus a digest of pikku_django/ when it is dirty."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],  # noqa: S607
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return f"{ROOT} (not a git checkout)"
-    text = f"git {done.stdout.strip()}"
-    if text.endswith("-dirty"):
-        digest = hashlib.sha256()
-        for path in sorted((ROOT / "pikku_django").rglob("*.py")):
-            digest.update(path.read_bytes())
-        text += f" (pikku_django/*.py sha256 {digest.hexdigest()[:12]})"
-    return text
 
 
 def environment(extra: list[str] | None = None) -> list[str]:
@@ -164,14 +131,6 @@ def environment(extra: list[str] | None = None) -> list[str]:
                 f"journal_mode={journal} synchronous={synchronous}"
             )
     return lines + (extra or [])
-
-
-def migrate_if_needed() -> bool:
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        call_command("migrate", interactive=False, verbosity=0)
-        return True
-    return False
 
 
 def positive_int(text: str) -> int:

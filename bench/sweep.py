@@ -51,28 +51,18 @@ import datetime
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.db import DEFAULT_DB_ALIAS, connection, connections  # noqa: E402
-
-from bench.steps import environment, migrate_if_needed, positive_int  # noqa: E402
-from pikku_django import sql  # noqa: E402
-from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt  # noqa: E402
-from pikku_django.sweep import sweep  # noqa: E402
+from bench.steps import environment, positive_int
+from pikku_django import sql
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sweep import sweep
 
 WORKFLOW = "bench.sweep"
 RPC = "bench.sweep.step"

@@ -45,26 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.db import DEFAULT_DB_ALIAS, connection, connections  # noqa: E402
-
-from bench.steps import environment, migrate_if_needed, positive_int  # noqa: E402
-from pikku_django import sql  # noqa: E402
-from pikku_django.conf import conf  # noqa: E402
-from pikku_django.managers import LeaseManager, WorkflowStepManager  # noqa: E402
-from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt  # noqa: E402
-from pikku_django.worker import Worker  # noqa: E402
-from pikku_django.workflows import start_workflow  # noqa: E402
-from testproject.testing import workflows as test_workflows  # noqa: E402
-from testproject.testing.models import PassRecord, StepCall  # noqa: E402
+from bench.steps import environment, positive_int
+from pikku_django import sql
+from pikku_django.conf import conf
+from pikku_django.managers import LeaseManager, WorkflowStepManager
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.worker import Worker
+from pikku_django.workflows import start_workflow
+from testproject.testing import workflows as test_workflows
+from testproject.testing.models import PassRecord, StepCall
 
 WORKFLOW = "test.steps"
 STEPS = 10
