@@ -170,6 +170,9 @@ FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
 #: backlog of fresh work.
 WOKEN = 0
 
+#: A step on its last allowed attempt (its worker-loss budget is spent).
+SPENT = Q(attempt__gte=F("retries") + 1)
+
 #: The sweep's back-off between two wakes of one idle run: 30 s, doubling to 10 min.
 SWEEP_BACKOFF_MS = (30_000, 60_000, 120_000, 240_000, 480_000)
 SWEEP_BACKOFF_MAX_MS = 600_000
@@ -308,7 +311,7 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
 
     def spent(self) -> WorkflowStepQuerySet:
         """Steps on their last allowed attempt."""
-        return self.filter(attempt__gte=F("retries") + 1)
+        return self.filter(SPENT)
 
 
 class WorkflowStepManager(models.Manager["WorkflowStep"]):
@@ -467,11 +470,11 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
             failed = (
                 self.using(alias)
                 .filter(
+                    SPENT,
                     pk=step.pk,
                     status="running",
                     attempt=step.attempt,
                     lease_expires_at__lte=DbNowMs(),
-                    attempt__gte=F("retries") + 1,
                 )
                 .update(status="failed", error=error, result=None, lease_expires_at=None, updated_at=DbNow())
             )

@@ -13,12 +13,12 @@ import uuid
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import Exists, F, Q
+from django.db.models import Exists, Q
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
-from pikku_django.managers import FINISHED_RUN_STATUSES
+from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def sweep(
     lapsed_steps = steps.lapsed().filter(run__status="running")
     if dry_run:
         # A real pass has failed the spent ones by now (and woken their runs itself).
-        lapsed_steps = lapsed_steps.exclude(attempt__gte=F("retries") + 1)
+        lapsed_steps = lapsed_steps.exclude(SPENT)
     lapsed = set(lapsed_steps.values_list("run_id", flat=True)[:limit])
     if lapsed and not dry_run:
         _free_run_leases(lapsed, alias)

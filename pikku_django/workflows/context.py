@@ -186,12 +186,11 @@ class RunContext:
         finally:
             renewal.stop()
         try:
-            validate.json_value("result", result)
+            # record_result refuses a non-JSON result before any SQL runs.
+            self._fenced(steps.record_result, step, result)
         except InvalidArgumentError as error:
             bad = TypeError(f"Step {step.step_name!r} returned a result that is not JSON: {error}")
             self._fenced(steps.record_error, step, bad)
-            return
-        self._fenced(steps.record_result, step, result)
 
     def _fenced(self, record: Callable[..., None], step: WorkflowStep, value: Any) -> None:
         try:

@@ -89,8 +89,6 @@ def run_workflow(
 
 
 def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
-    runs = WorkflowRun.objects.using(run._state.db)
-    active = runs.filter(pk=run.pk, status="running")
     try:
         output = fn(ctx, run.input)
     except Suspend as suspend:
@@ -101,20 +99,26 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
         return
     except StepFailedError as error:
-        failure = {**error.error, "step": error.step_name}
-        active.update(status="failed", error=failure, wake_at=None, updated_at=DbNow())
+        _finish(run, "failed", error={**error.error, "step": error.step_name})
         return
     except Exception as error:
         logger.info("Run %s failed: %r", run.pk, error)
-        active.update(status="failed", error=serialize_error(error), wake_at=None, updated_at=DbNow())
+        _finish(run, "failed", error=serialize_error(error))
         return
     try:
         validate.json_value("output", output)
     except InvalidArgumentError as error:
         bad = TypeError(f"Workflow {run.workflow!r} returned an output that is not JSON: {error}")
-        active.update(status="failed", error=serialize_error(bad), wake_at=None, updated_at=DbNow())
+        _finish(run, "failed", error=serialize_error(bad))
         return
-    active.update(status="completed", output=output, error=None, wake_at=None, updated_at=DbNow())
+    _finish(run, "completed", output=output, error=None)
+
+
+def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
+    """Record the run's outcome, unless it already has one (the status guard)."""
+    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
+        status=status, wake_at=None, updated_at=DbNow(), **fields
+    )
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
