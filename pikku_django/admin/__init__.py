@@ -1,0 +1,41 @@
+"""Read-only admin for leases and for workflow runs, steps and attempts."""
+
+from __future__ import annotations
+
+from pikku_django.admin.base import (
+    ReadOnlyAdmin,
+    ReadOnlyMixin,
+    ReadOnlyTabularInline,
+    db_now_ms,
+    format_ms,
+    has_change_perm,
+    pretty_json,
+    short_uuid,
+)
+from pikku_django.admin.leases import LeaseAdmin, LeaseStateFilter
+from pikku_django.admin.runs import WorkflowRunAdmin, step_counts
+from pikku_django.admin.steps import (
+    StepColumns,
+    WorkflowStepAdmin,
+    WorkflowStepAttemptInline,
+    WorkflowStepInline,
+)
+
+__all__ = [
+    "LeaseAdmin",
+    "LeaseStateFilter",
+    "ReadOnlyAdmin",
+    "ReadOnlyMixin",
+    "ReadOnlyTabularInline",
+    "StepColumns",
+    "WorkflowRunAdmin",
+    "WorkflowStepAdmin",
+    "WorkflowStepAttemptInline",
+    "WorkflowStepInline",
+    "db_now_ms",
+    "format_ms",
+    "has_change_perm",
+    "pretty_json",
+    "short_uuid",
+    "step_counts",
+]

@@ -1,0 +1,139 @@
+"""The workflow step admin: its attempts inline; step columns shared with the run page."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from pikku_django.admin.base import (
+    ReadOnlyAdmin,
+    ReadOnlyTabularInline,
+    db_now_ms,
+    format_ms,
+    pretty_json,
+    short_uuid,
+)
+from pikku_django.clock import DbNowMs
+from pikku_django.models import StepStatus, WorkflowStep, WorkflowStepAttempt
+
+
+class StepColumns(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
+    """Columns a step shows wherever it is listed: the run's page and the step list."""
+
+    @admin.display(description="attempt")
+    def attempt_display(self, obj: WorkflowStep) -> str:
+        return f"{obj.attempt} / {obj.attempts_allowed}"
+
+    @admin.display(description="lease left", ordering="lease_expires_at")
+    def lease_left(self, obj: WorkflowStep) -> str:
+        """Time left on a running step's lease, on the DB clock; "parked" for a NULL lease."""
+        if obj.status != StepStatus.RUNNING:
+            return self.get_empty_value_display()
+        if obj.lease_expires_at is None:
+            return "parked"
+        left = obj.lease_expires_at - db_now_ms(obj)
+        return format_ms(left) if left > 0 else "lapsed"
+
+
+class WorkflowStepInline(StepColumns, ReadOnlyTabularInline):
+    model = WorkflowStep
+    # child_run points at WorkflowRun too.
+    fk_name = "run"
+    fields = ["step_name", "status", "attempt_display", "lease_left", "rpc_name", "updated_at"]
+    readonly_fields = ["attempt_display", "lease_left"]
+    ordering = ["created_at"]
+    show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowStep]:
+        steps: QuerySet[WorkflowStep] = super().get_queryset(request)
+        return steps.annotate(db_now_ms=DbNowMs())
+
+
+class WorkflowStepAttemptInline(ReadOnlyTabularInline):
+    model = WorkflowStepAttempt
+    fields = [
+        "attempt",
+        "status",
+        "result_display",
+        "error_message",
+        "created_at",
+        "running_at",
+        "succeeded_at",
+        "failed_at",
+    ]
+    readonly_fields = ["result_display", "error_message"]
+    # Not the model's ("step", "attempt"): ordering by the FK would join the step table.
+    ordering = ["attempt"]
+
+    @admin.display(description="result")
+    def result_display(self, obj: WorkflowStepAttempt) -> str:
+        return pretty_json(obj.result, self.get_empty_value_display())
+
+    @admin.display(description="error")
+    def error_message(self, obj: WorkflowStepAttempt) -> str:
+        """The message of the recorded exception (the step's page has the whole error)."""
+        if obj.error is None:
+            return self.get_empty_value_display()
+        if isinstance(obj.error, dict) and "message" in obj.error:
+            return str(obj.error["message"])
+        return json.dumps(obj.error, ensure_ascii=False)
+
+
+@admin.register(WorkflowStep)
+class WorkflowStepAdmin(StepColumns, ReadOnlyAdmin):
+    list_display = [
+        "step_name",
+        "run_link",
+        "status",
+        "attempt_display",
+        "lease_left",
+        "rpc_name",
+        "updated_at",
+    ]
+    list_filter = ["status"]
+    search_fields = ["step_name", "rpc_name", "run__id"]
+    list_select_related = ["run"]
+    fields = [
+        "id",
+        "run_link",
+        "step_name",
+        "rpc_name",
+        "status",
+        "attempt_display",
+        "lease_left",
+        "retry_delay",
+        "child_run",
+        "created_at",
+        "updated_at",
+        "data_json",
+        "result_json",
+        "error_json",
+    ]
+    readonly_fields = ["run_link", "attempt_display", "lease_left", "data_json", "result_json", "error_json"]
+    inlines = [WorkflowStepAttemptInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowStep]:
+        steps: QuerySet[WorkflowStep] = super().get_queryset(request)
+        return steps.annotate(db_now_ms=DbNowMs())
+
+    @admin.display(description="run", ordering="run__created_at")
+    def run_link(self, obj: WorkflowStep) -> str:
+        url = reverse("admin:pikku_django_workflowrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{} {}</a>', url, obj.run.workflow, short_uuid(obj.run_id))
+
+    @admin.display(description="data")
+    def data_json(self, obj: WorkflowStep) -> str:
+        return pretty_json(obj.data, self.get_empty_value_display())
+
+    @admin.display(description="result")
+    def result_json(self, obj: WorkflowStep) -> str:
+        return pretty_json(obj.result, self.get_empty_value_display())
+
+    @admin.display(description="error")
+    def error_json(self, obj: WorkflowStep) -> str:
+        return pretty_json(obj.error, self.get_empty_value_display())

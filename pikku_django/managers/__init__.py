@@ -1,0 +1,38 @@
+"""
+Raw-SQL managers. Each decision runs one guarded statement from ``sql`` on
+the connection the manager is bound to (so ``db_manager(alias)`` and routers
+are respected); everything that decides nothing is plain ORM.
+"""
+
+from __future__ import annotations
+
+from pikku_django.managers.base import (
+    FINISHED_RUN_STATUSES,
+    SPENT,
+    SWEEP_BACKOFF_MAX_MS,
+    SWEEP_BACKOFF_MS,
+    WOKEN,
+    ensure_autocommit,
+    now_params,
+    serialize_error,
+)
+from pikku_django.managers.leases import LeaseManager, LeaseQuerySet
+from pikku_django.managers.runs import WorkflowRunManager, WorkflowRunQuerySet
+from pikku_django.managers.steps import WorkflowStepManager, WorkflowStepQuerySet
+
+__all__ = [
+    "FINISHED_RUN_STATUSES",
+    "SPENT",
+    "SWEEP_BACKOFF_MAX_MS",
+    "SWEEP_BACKOFF_MS",
+    "WOKEN",
+    "LeaseManager",
+    "LeaseQuerySet",
+    "WorkflowRunManager",
+    "WorkflowRunQuerySet",
+    "WorkflowStepManager",
+    "WorkflowStepQuerySet",
+    "ensure_autocommit",
+    "now_params",
+    "serialize_error",
+]

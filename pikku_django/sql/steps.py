@@ -1,0 +1,104 @@
+"""The step statements: the guarded claim and its attempt-history row."""
+
+from __future__ import annotations
+
+#: The claim's guard, the same on every vendor. It matches a step that is
+#: pending or scheduled (its attempt was counted when it was scheduled), or
+#: failed or running under a *lapsed* lease with attempts left (a new
+#: attempt). A live lease, a NULL lease (parked on a child run), a success, or
+#: a spent budget match nothing. ``rpc_name`` is part of the guard, so a claim
+#: with another function changes nothing (the manager then says why).
+_STEP_CLAIM_GUARD = """
+    s.{q}run_id{q} = %(run_id)s AND s.{q}step_name{q} = %(step_name)s AND s.{q}rpc_name{q} = %(rpc_name)s
+    AND (
+        s.{q}status{q} IN ('pending', 'scheduled')
+        OR (s.{q}status{q} = 'failed' AND s.{q}attempt{q} < s.{q}retries{q} + 1)
+        OR (s.{q}status{q} = 'running' AND s.{q}lease_expires_at{q} <= {now_ms}
+            AND s.{q}attempt{q} < s.{q}retries{q} + 1)
+    )
+"""
+
+#: The attempt number is advanced by the same guarded UPDATE that grants the
+#: lease, so the worker it is taken from is fenced out at once: every write of
+#: an attempt is guarded by ``attempt = its number AND status = 'running'``.
+#: ``attempt`` is assigned first: MySQL evaluates SET left to right, and it must
+#: read the old status.
+_STEP_CLAIM_SET = """
+    {q}attempt{q} = CASE WHEN s.{q}status{q} IN ('pending', 'scheduled')
+        THEN s.{q}attempt{q} ELSE s.{q}attempt{q} + 1 END,
+    {q}status{q} = 'running',
+    {q}lease_expires_at{q} = {now_ms} + %(lease_ms)s,
+    {q}result{q} = NULL,
+    {q}error{q} = NULL,
+    {q}updated_at{q} = {now_dt}
+"""
+
+#: One round trip: the guarded UPDATE and the attempt's history row in one
+#: statement (a data-modifying CTE is atomic with the statement around it).
+POSTGRESQL_STEP_CLAIM = (
+    """
+WITH clock AS (SELECT {now} AS now_ms),
+claimed AS (
+    UPDATE {step} AS s SET"""
+    + _STEP_CLAIM_SET.replace("{now_ms}", "clock.now_ms").replace("{q}", '"')
+    + """    FROM clock WHERE"""
+    + _STEP_CLAIM_GUARD.replace("{now_ms}", "clock.now_ms").replace("{q}", '"')
+    + """    RETURNING s.*
+),
+history AS (
+    INSERT INTO {attempt} ("step_id", "attempt", "status", "created_at", "running_at")
+    SELECT "id", "attempt", 'running', {now_dt}, {now_dt} FROM claimed
+    ON CONFLICT ("step_id", "attempt")
+    DO UPDATE SET "status" = 'running', "running_at" = EXCLUDED."running_at"
+)
+SELECT * FROM claimed
+"""
+)
+
+SQLITE_STEP_CLAIM = (
+    """
+UPDATE {step} AS s SET"""
+    + _STEP_CLAIM_SET.replace("{now_ms}", "{now}").replace("{q}", '"')
+    + """WHERE"""
+    + _STEP_CLAIM_GUARD.replace("{now_ms}", "{now}").replace("{q}", '"')
+    + """RETURNING *
+"""
+)
+
+#: MySQL/MariaDB have no UPDATE ... RETURNING: the row count (rows matched,
+#: CLIENT.FOUND_ROWS) says whether the guard matched, and the manager reads
+#: the step back inside the same transaction, under the row lock it holds.
+MYSQL_STEP_CLAIM = (
+    """
+UPDATE {step} AS s SET"""
+    + _STEP_CLAIM_SET.replace("{now_ms}", "{now}").replace("{q}", "`")
+    + """WHERE"""
+    + _STEP_CLAIM_GUARD.replace("{now_ms}", "{now}").replace("{q}", "`")
+)
+
+#: The claimed attempt's history row: created for a new attempt, moved to
+#: running for one counted before (pending, scheduled).
+SQLITE_STEP_CLAIM_HISTORY = """
+INSERT INTO {attempt} ("step_id", "attempt", "status", "created_at", "running_at")
+VALUES (%(step_id)s, %(attempt)s, 'running', {now_dt}, {now_dt})
+ON CONFLICT ("step_id", "attempt") DO UPDATE SET "status" = 'running', "running_at" = excluded."running_at"
+"""
+
+MYSQL_STEP_CLAIM_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `created_at`, `running_at`)
+VALUES (%(step_id)s, %(attempt)s, 'running', {now_dt}, {now_dt})
+ON DUPLICATE KEY UPDATE `status` = 'running', `running_at` = {now_dt}
+"""
+
+#: The step statements by name and variant (see ``sql.STATEMENTS``).
+STEP_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "step_claim": {
+        "postgresql": POSTGRESQL_STEP_CLAIM,
+        "sqlite": SQLITE_STEP_CLAIM,
+        "mysql": MYSQL_STEP_CLAIM,
+    },
+    "step_claim_history": {
+        "sqlite": SQLITE_STEP_CLAIM_HISTORY,
+        "mysql": MYSQL_STEP_CLAIM_HISTORY,
+    },
+}
