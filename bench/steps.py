@@ -364,6 +364,7 @@ def raw_statement(targets: list[tuple[uuid.UUID, str]]) -> Callable[[], Any]:
             "step_name": name,
             "rpc_name": RPC,
             "lease_ms": LEASE_MS,
+            "holder": "bench",
         }
         rows = list(WorkflowStep.objects.raw(text, params))
         return rows[0] if rows else None

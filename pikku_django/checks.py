@@ -8,7 +8,9 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 
-from pikku_django.conf import DEFAULTS, ZERO_ALLOWED
+from pikku_django import validate
+from pikku_django.conf import DEFAULTS, MAX_QUEUE_CONCURRENCY, ZERO_ALLOWED
+from pikku_django.errors import InvalidArgumentError
 
 #: Stable check ids, one per setting (documented in the README).
 SETTING_CHECK_IDS: dict[str, str] = {
@@ -36,6 +38,52 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
                     f"{'retries' if name in ZERO_ALLOWED else 'milliseconds'}, "
                     f"or remove it to use the default ({DEFAULTS[name]}).",
                     id=check_id,
+                )
+            )
+    return errors
+
+
+#: The check id of PIKKU_QUEUES.
+QUEUES_CHECK_ID = "pikku_django.E007"
+
+
+@register(Tags.compatibility)
+def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """PIKKU_QUEUES maps queue names to ``{"concurrency": int >= 1}``."""
+    value = getattr(django_settings, "PIKKU_QUEUES", {})
+    example = 'PIKKU_QUEUES = {"emails": {"concurrency": 2}}'
+    if not isinstance(value, dict):
+        return [
+            Error(
+                f"PIKKU_QUEUES must be a dict, not {type(value).__name__}.",
+                hint=f"Map each limited queue to its options, e.g. {example}.",
+                id=QUEUES_CHECK_ID,
+            )
+        ]
+    errors: list[CheckMessage] = []
+    for queue, options in value.items():
+        try:
+            validate.queue_name("queue", queue)
+        except InvalidArgumentError as e:
+            errors.append(
+                Error(f"PIKKU_QUEUES has a bad queue name {queue!r}: {e}", hint=example, id=QUEUES_CHECK_ID)
+            )
+            continue
+        concurrency = options.get("concurrency") if isinstance(options, dict) else None
+        unknown = sorted(set(options) - {"concurrency"}) if isinstance(options, dict) else []
+        if (
+            unknown
+            or isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= MAX_QUEUE_CONCURRENCY
+        ):
+            errors.append(
+                Error(
+                    f"PIKKU_QUEUES[{queue!r}] must be {{'concurrency': int}} with 1 <= concurrency <= "
+                    f"{MAX_QUEUE_CONCURRENCY}, not {options!r}.",
+                    hint=f"Say how many runs of the queue may be driven at once everywhere, e.g. {example}; "
+                    "leave a queue out to leave it unlimited.",
+                    id=QUEUES_CHECK_ID,
                 )
             )
     return errors

@@ -22,6 +22,10 @@ DEFAULTS: dict[str, int] = {
     "PIKKU_LEASE_PRUNE_AFTER_MS": 7 * 24 * 3600 * 1000,
 }
 
+#: The largest ``concurrency`` a queue of PIKKU_QUEUES may have: a worker
+#: tries that many slot leases before it moves on.
+MAX_QUEUE_CONCURRENCY = 1000
+
 #: Settings that may be zero (every other one must be > 0).
 ZERO_ALLOWED = frozenset({"PIKKU_STEP_RETRIES"})
 
@@ -55,6 +59,16 @@ class Settings:
     @property
     def LEASE_PRUNE_AFTER_MS(self) -> int:  # noqa: N802
         return int(self._get("PIKKU_LEASE_PRUNE_AFTER_MS"))
+
+    @property
+    def QUEUES(self) -> dict[str, dict[str, Any]]:  # noqa: N802
+        """PIKKU_QUEUES: per-queue options, ``{"emails": {"concurrency": 2}}`` (checked by E007)."""
+        return dict(getattr(django_settings, "PIKKU_QUEUES", {}))
+
+    def concurrency(self, queue: str) -> int | None:
+        """How many runs of ``queue`` may be driven at once everywhere; None when unlimited."""
+        options = self.QUEUES.get(queue)
+        return None if options is None else options.get("concurrency")
 
 
 conf = Settings()

@@ -118,3 +118,22 @@ class StepFailedError(PikkuError):
         self.error = error or {}
         message = self.error.get("message", "unknown error")
         super().__init__(f"Step {step_name!r} failed on its last attempt ({attempts}): {message}")
+
+
+class WorkerLostError(PikkuError):
+    """
+    An attempt's worker stopped renewing its step lease (it died, or lost the
+    database), so the attempt was taken again by another; how the Tasks
+    backend reports such an attempt in ``TaskResult.errors``.
+    """
+
+
+class TaskPathError(InvalidArgumentError):
+    """A stored task path does not name a ``Task``; it is refused, never called."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"task: {path!r} does not name a Task ({reason}); only a function decorated "
+            "with @task, defined at module level, is run."
+        )

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from pikku_django import sql
+from pikku_django import sql, validate
 from pikku_django.managers import LeaseManager, WorkflowRunManager, WorkflowStepManager
 
 
@@ -74,6 +74,13 @@ class LeaseTokenFloor(models.Model):
         return f"lease token floor {self.token}"
 
 
+#: The queue of a run started without one.
+DEFAULT_QUEUE = "default"
+
+#: Queue names are at most this long (a queue's slot lease keys must fit in 255).
+MAX_QUEUE_LENGTH = validate.MAX_QUEUE_LENGTH
+
+
 class RunStatus(models.TextChoices):
     RUNNING = "running"
     SUSPENDED = "suspended"
@@ -106,6 +113,8 @@ class WorkflowRun(models.Model):
     wake_at = models.BigIntegerField(
         null=True, blank=True, help_text="Epoch ms on the database clock; NULL once finished."
     )
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH, default=DEFAULT_QUEUE)
+    priority = models.IntegerField(default=0, help_text="Higher runs first; then the earlier wake_at.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     # The sweep's back-off, kept here so every sweeping node shares it.
@@ -125,6 +134,9 @@ class WorkflowRun(models.Model):
         indexes = [
             # The worker's "what is due" query.
             models.Index(fields=["status", "wake_at"], name="pikku_run_status_wake_idx"),
+            # The worker's "what is due next": highest priority first, then the
+            # earliest wake_at; the index serves both the wake_at bound and the order.
+            models.Index(fields=["status", "-priority", "wake_at"], name="pikku_run_due_idx"),
             # The sweep's stalled query: running runs, oldest activity first.
             models.Index(fields=["status", "updated_at"], name="pikku_run_status_upd_idx"),
             # The admin's newest-first list and its workflow filter.
@@ -210,6 +222,9 @@ class WorkflowStepAttempt(models.Model):
     status = models.CharField(max_length=16, choices=StepStatus.choices)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    holder = models.CharField(
+        max_length=255, blank=True, default="", help_text="The worker that claimed this attempt."
+    )
     created_at = models.DateTimeField()
     running_at = models.DateTimeField(null=True, blank=True)
     succeeded_at = models.DateTimeField(null=True, blank=True)

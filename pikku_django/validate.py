@@ -58,3 +58,32 @@ def json_value(argument: str, value: Any) -> Any:
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"{argument} must be JSON-serialisable: {e}") from e
     return value
+
+
+#: A run's priority is an IntegerField: a signed 32-bit whole number.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+
+
+#: Queue names are at most this long, so a queue's slot lease keys fit in 255.
+MAX_QUEUE_LENGTH = 100
+
+
+def queue_name(argument: str, value: object) -> str:
+    """A queue's name: a non-empty string of at most 100 characters."""
+    value = name(argument, value)
+    if len(value) > MAX_QUEUE_LENGTH:
+        raise InvalidArgumentError(
+            f"{argument} is {len(value)} characters long; at most {MAX_QUEUE_LENGTH} are allowed."
+        )
+    return value
+
+
+def priority(argument: str, value: object) -> int:
+    """A whole number a run's priority column holds (higher runs first)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{argument} must be an int, not {type(value).__name__}.")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgumentError(
+            f"{argument} must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {value}."
+        )
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -13,8 +14,10 @@ from django.db import close_old_connections, connections
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
+from pikku_django.errors import LeaseLostError
 from pikku_django.leases import default_holder
 from pikku_django.models import WorkflowRun
+from pikku_django.queues import queue_slot
 from pikku_django.workflows.runner import run_workflow
 
 logger = logging.getLogger(__name__)
@@ -48,9 +51,12 @@ class Worker:
         once: bool = False,
         max_runs: int | None = None,
         using: str | None = None,
+        queues: Sequence[str] | None = None,
     ) -> None:
         self.holder = holder or default_holder()
         validate.name("holder", self.holder)
+        # The queues this worker drives runs of; None for every queue.
+        self.queues = None if queues is None else sorted({validate.queue_name("queues", q) for q in queues})
         self.interval = interval
         self.batch = batch
         self.once = once
@@ -94,22 +100,69 @@ class Worker:
         return self.passes
 
     def run_batch(self) -> int:
-        """Take and drive up to ``batch`` due runs; returns how many were taken."""
+        """
+        Take and drive up to ``batch`` due runs, highest priority first; returns
+        how many were taken. A queue whose every slot is taken (PIKKU_QUEUES)
+        is left out of the rest of the batch, so the worker moves on to the
+        runs of other queues instead of waiting on it.
+        """
         refresh_connections()
-        runs = WorkflowRun.objects.db_manager(self.using)
-        due = list(runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch])
+        full: set[str] = set()
         took = 0
-        for run_id, wake_at in due:
-            if self.stopping.is_set():
-                break
-            if self.max_runs is not None and self.passes >= self.max_runs:
-                break
-            if not self.take(run_id, wake_at):
-                continue
-            took += 1
-            self.drive(run_id)
-            refresh_connections()
-        return took
+        while True:
+            newly_full = False
+            for run_id, wake_at, queue in self.due(exclude=full):
+                if self.stopping.is_set() or took >= self.batch:
+                    return took
+                if self.max_runs is not None and self.passes >= self.max_runs:
+                    return took
+                if queue in full:
+                    continue
+                outcome = self.take_and_drive(run_id, wake_at, queue)
+                if outcome is None:
+                    full.add(queue)
+                    newly_full = True
+                elif outcome:
+                    took += 1
+                    refresh_connections()
+            # Look again only when a queue filled up: its runs may have hidden
+            # due runs of other queues from this look.
+            if not newly_full:
+                return took
+
+    def due(self, exclude: Iterable[str] = ()) -> list[tuple[Any, int | None, str]]:
+        """
+        Up to ``batch`` due runs of this worker's queues, but not of
+        ``exclude``, as (id, wake_at, queue): highest priority first, then the
+        earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
+        """
+        runs = WorkflowRun.objects.db_manager(self.using).due()
+        if self.queues is not None:
+            runs = runs.filter(queue__in=self.queues)
+        if exclude:
+            runs = runs.exclude(queue__in=sorted(exclude))
+        return list(runs.order_by("-priority", "wake_at").values_list("pk", "wake_at", "queue")[: self.batch])
+
+    def take_and_drive(self, run_id: Any, wake_at: int | None, queue: str) -> bool | None:
+        """
+        Drive one due run under a slot of its queue: True if it was driven,
+        False if another worker took it first, None if every slot of its
+        queue is taken (the run stays due).
+        """
+        try:
+            with queue_slot(queue, self.holder, using=self.using) as slot:
+                if not slot:
+                    return None
+                if not self.take(run_id, wake_at):
+                    return False
+                self.drive(run_id)
+                return True
+        except LeaseLostError:
+            # The pass is over; its step writes were fenced by their own leases.
+            logger.warning(
+                "Worker %s lost its slot of queue %r while driving run %s.", self.holder, queue, run_id
+            )
+            return True
 
     def take(self, run_id: Any, wake_at: int | None) -> bool:
         """

@@ -34,6 +34,7 @@ class QueryPlanTests(TestCase):
             "step_name": step.step_name,
             "rpc_name": step.rpc_name,
             "lease_ms": 1000,
+            "holder": "w1",
             **now_params(connection),
         }
         plan = explain(sql.statement("step_claim", connection), params)

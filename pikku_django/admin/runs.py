@@ -38,7 +38,17 @@ def step_counts(status: str | None = None) -> Coalesce:
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyAdmin):
-    list_display = ["short_id", "workflow", "status", "steps_display", "age", "wake_display", "updated_at"]
+    list_display = [
+        "short_id",
+        "workflow",
+        "status",
+        "queue",
+        "priority",
+        "steps_display",
+        "age",
+        "wake_display",
+        "updated_at",
+    ]
     list_display_links = ["short_id"]
     list_filter = ["status", "workflow"]
     search_fields = ["id", "workflow"]
@@ -46,6 +56,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "id",
         "workflow",
         "status",
+        "queue",
+        "priority",
         "steps_display",
         "wake_display",
         "created_at",

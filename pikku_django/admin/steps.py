@@ -59,6 +59,7 @@ class WorkflowStepAttemptInline(ReadOnlyTabularInline):
     fields = [
         "attempt",
         "status",
+        "holder",
         "result_display",
         "error_message",
         "created_at",

@@ -53,3 +53,12 @@ def holder_name(value: str) -> str:
         return validate.name("holder", value)
     except InvalidArgumentError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def queue_names(value: str) -> list[str]:
+    """One or more queue names, comma-separated (``--queue a,b``)."""
+    names = [part.strip() for part in value.split(",")]
+    try:
+        return [validate.queue_name("queue", name) for name in names]
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: {e}") from None

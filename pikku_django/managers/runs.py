@@ -78,13 +78,30 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
     def due(self) -> WorkflowRunQuerySet:
         return self.get_queryset().due()
 
-    def create_run(self, workflow: str, input: Any = None) -> WorkflowRun:
-        """A new run of ``workflow``, running and due at once."""
+    def create_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        wake_at: int | None = None,
+    ) -> WorkflowRun:
+        """
+        A new run of ``workflow`` on ``queue``, running and due at once (or at
+        ``wake_at``, epoch ms judged on the database clock). It is one INSERT
+        on the manager's connection, so inside ``transaction.atomic()`` it
+        commits or rolls back with the caller's own writes.
+        """
+        if wake_at is not None:
+            validate.whole("wake_at", wake_at)
         run = self.model(
             workflow=validate.name("workflow", workflow),
             input=validate.json_value("input", input),
+            queue=validate.queue_name("queue", queue),
+            priority=validate.priority("priority", priority),
             status="running",
-            wake_at=DbNowMs(),
+            wake_at=DbNowMs() if wake_at is None else wake_at,
             created_at=DbNow(),
             updated_at=DbNow(),
         )

@@ -100,17 +100,22 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         step.refresh_from_db(fields=["created_at", "updated_at"])
         return step
 
-    def claim(self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int) -> WorkflowStep | None:
+    def claim(
+        self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
+    ) -> WorkflowStep | None:
         """
         Take the step to run it under a fresh lease of ``lease_ms``; None when
         it is not this caller's to run (done, held, parked, spent). A step
         whose worker vanished on its last attempt is failed here, and its run
         woken. A different ``rpc_name`` raises ``StepFunctionMismatchError``.
+        ``holder`` (the worker's name) is written on the attempt's history row
+        by the claim itself.
         """
         params = {
             "step_name": validate.name("step_name", step_name),
             "rpc_name": validate.name("rpc_name", rpc_name),
             "lease_ms": validate.positive_ms("lease_ms", lease_ms),
+            "holder": "" if holder is None else validate.name("holder", holder),
         }
         alias = self._write_db()
         connection = connections[alias]
@@ -154,6 +159,7 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
                     {
                         "step_id": self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
                         "attempt": step.attempt,
+                        "holder": params["holder"],
                         **now_params(connection),
                     },
                 )

@@ -46,10 +46,10 @@ claimed AS (
     + """    RETURNING s.*
 ),
 history AS (
-    INSERT INTO {attempt} ("step_id", "attempt", "status", "created_at", "running_at")
-    SELECT "id", "attempt", 'running', {now_dt}, {now_dt} FROM claimed
+    INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
+    SELECT "id", "attempt", 'running', %(holder)s, {now_dt}, {now_dt} FROM claimed
     ON CONFLICT ("step_id", "attempt")
-    DO UPDATE SET "status" = 'running', "running_at" = EXCLUDED."running_at"
+    DO UPDATE SET "status" = 'running', "holder" = EXCLUDED."holder", "running_at" = EXCLUDED."running_at"
 )
 SELECT * FROM claimed
 """
@@ -77,17 +77,19 @@ UPDATE {step} AS s SET"""
 )
 
 #: The claimed attempt's history row: created for a new attempt, moved to
-#: running for one counted before (pending, scheduled).
+#: running for one counted before (pending, scheduled). Every variant writes
+#: the claiming worker's name (``%(holder)s``) into the row it writes.
 SQLITE_STEP_CLAIM_HISTORY = """
-INSERT INTO {attempt} ("step_id", "attempt", "status", "created_at", "running_at")
-VALUES (%(step_id)s, %(attempt)s, 'running', {now_dt}, {now_dt})
-ON CONFLICT ("step_id", "attempt") DO UPDATE SET "status" = 'running', "running_at" = excluded."running_at"
+INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
+VALUES (%(step_id)s, %(attempt)s, 'running', %(holder)s, {now_dt}, {now_dt})
+ON CONFLICT ("step_id", "attempt")
+DO UPDATE SET "status" = 'running', "holder" = excluded."holder", "running_at" = excluded."running_at"
 """
 
 MYSQL_STEP_CLAIM_HISTORY = """
-INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `created_at`, `running_at`)
-VALUES (%(step_id)s, %(attempt)s, 'running', {now_dt}, {now_dt})
-ON DUPLICATE KEY UPDATE `status` = 'running', `running_at` = {now_dt}
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `holder`, `created_at`, `running_at`)
+VALUES (%(step_id)s, %(attempt)s, 'running', %(holder)s, {now_dt}, {now_dt})
+ON DUPLICATE KEY UPDATE `status` = 'running', `holder` = %(holder)s, `running_at` = {now_dt}
 """
 
 #: The step statements by name and variant (see ``sql.STATEMENTS``).

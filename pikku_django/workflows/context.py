@@ -86,6 +86,8 @@ class RunContext:
         self._using = using
         self._held = held
         self._stop = stop
+        # The worker's name, written on each attempt it claims (the run lease's holder).
+        self.holder = held.lease.holder if held is not None else None
         self._seen: set[str] = set()
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
@@ -136,7 +138,7 @@ class RunContext:
                 due = int(step.updated_at.timestamp() * 1000) + step.retry_delay
                 if Lease.objects.db_manager(self._using).db_now_ms() < due:
                     raise Suspend(due, f"step {name!r} waits {step.retry_delay} ms to retry")
-            claimed = steps.claim(self.run_id, name, rpc_name, lease_ms)
+            claimed = steps.claim(self.run_id, name, rpc_name, lease_ms, holder=self.holder)
             if claimed is None:
                 step = steps.get(pk=step.pk)
                 self._wait_for(step)

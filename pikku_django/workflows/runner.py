@@ -16,7 +16,7 @@ from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
 from pikku_django.leases import hold_lease
 from pikku_django.managers import serialize_error
-from pikku_django.models import Lease, WorkflowRun
+from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext, Stop, Suspend
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
 
@@ -26,14 +26,21 @@ logger = logging.getLogger(__name__)
 UNKNOWN_WORKFLOW_RETRY_MS = 60_000
 
 
-def start_workflow(name: str, input: Any = None, *, inline: bool = False) -> WorkflowRun:
+def start_workflow(
+    name: str,
+    input: Any = None,
+    *,
+    inline: bool = False,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+) -> WorkflowRun:
     """
-    Start a run of the workflow ``name``, due at once for a worker; with
-    ``inline=True``, drive it to its end here first. A failed run is returned,
-    not raised.
+    Start a run of the workflow ``name`` on ``queue``, due at once for a
+    worker (higher ``priority`` first); with ``inline=True``, drive it to its
+    end here first. A failed run is returned, not raised.
     """
     get_workflow(validate.name("name", name))
-    run = WorkflowRun.objects.create_run(name, input)
+    run = WorkflowRun.objects.create_run(name, input, queue=queue, priority=priority)
     if inline:
         run = _drive_inline(run)
     return run

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pikku_django.management.arguments import holder_name, interval, positive_int
+from pikku_django.management.arguments import holder_name, interval, positive_int, queue_names
 from pikku_django.worker import Worker
 
 
@@ -44,6 +44,16 @@ class Command(BaseCommand):
             default=None,
             help="This worker's name in leases (default: host:pid:random).",
         )
+        parser.add_argument(
+            "--queue",
+            dest="queues",
+            type=queue_names,
+            action="append",
+            default=None,
+            metavar="NAME",
+            help="Drive only runs of this queue; repeat it or separate names with commas "
+            "(default: every queue).",
+        )
         parser.add_argument("--database", default=None, help="Database alias (default: routers decide).")
 
     def handle(
@@ -56,11 +66,18 @@ class Command(BaseCommand):
         max_runs: int | None,
         holder: str | None,
         database: str | None,
+        queues: list[list[str]] | None,
         **options: Any,
     ) -> None:
         self._configure_logging(verbosity)
         worker = Worker(
-            holder=holder, interval=interval, batch=batch, once=once, max_runs=max_runs, using=database
+            holder=holder,
+            interval=interval,
+            batch=batch,
+            once=once,
+            max_runs=max_runs,
+            using=database,
+            queues=None if queues is None else [name for names in queues for name in names],
         )
         worker.install_signal_handlers()
         if verbosity:
