@@ -18,6 +18,9 @@ setup(
     extras_require={
         "postgres": ["psycopg[binary]>=3.1"],
         "mysql": ["mysqlclient>=2.2"],
+        # The Tasks framework for Django 5.2 (Django 6 has it as django.tasks,
+        # which pikku_django.tasks uses there instead).
+        "tasks": ["django-tasks>=0.12"],
         # What testproject/ (the demo) needs beside Django.
         "demo": ["django-environ>=0.11"],
         "test": [

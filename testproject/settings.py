@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import environ
@@ -93,3 +95,24 @@ STATIC_URL = "static/"
 for _name in ("PIKKU_LEASE_TTL_MS", "PIKKU_STEP_LEASE_MS"):
     if env.str(_name, default=""):
         globals()[_name] = env.int(_name)
+
+
+# Django Tasks on pikku_django, where a Tasks framework is installed
+# (django.tasks on Django 6; on 5.2 the django-tasks backport, the "tasks"
+# extra): "default" runs each task once, "retrying" retries twice.
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    TASKS = {
+        "default": {
+            "BACKEND": "pikku_django.tasks.PikkuTaskBackend",
+            "QUEUES": ["default", "a", "b", "slow"],
+        },
+        "retrying": {
+            "BACKEND": "pikku_django.tasks.PikkuTaskBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"retries": 2},
+        },
+    }
+
+# Per-queue concurrency, as JSON from the environment for worker processes.
+if env.str("PIKKU_QUEUES", default=""):
+    PIKKU_QUEUES = json.loads(env.str("PIKKU_QUEUES"))

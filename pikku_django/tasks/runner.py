@@ -1,0 +1,87 @@
+"""
+How a worker runs a stored task: the ``pikku_django.task`` workflow, whose
+one step is the task's own function, run under the step lease and retried
+like any step. Importing this module registers the workflow (the app does so
+at startup when ``TASKS`` names this backend).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.managers import serialize_error
+from pikku_django.models import WorkflowRun
+from pikku_django.tasks.compat import (
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, resolve_task
+from pikku_django.workflows import workflow
+from pikku_django.workflows.context import RunContext
+
+
+def _read(ctx: RunContext) -> Any:
+    """The run as it is now, with the database clock's now beside it."""
+    return (
+        WorkflowRun.objects.using(ctx.run._state.db)
+        .annotate(db_now_ms=DbNowMs(), db_now=DbNow())
+        .get(pk=ctx.run_id)
+    )
+
+
+@workflow(TASK_WORKFLOW)
+def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
+    """Run the stored task once per attempt; its return value is the run's output."""
+    task = resolve_task(input["task"])
+    alias = input["backend"]
+    sender = type(task_backends[alias])
+    args, kwargs = input["args"], input["kwargs"]
+    called: list[Any] = []
+
+    # Named after the task's function, so the step's rpc_name is the task's
+    # path, and a replay with any other function is refused.
+    @functools.wraps(task.func)
+    def attempt() -> Any:
+        run = _read(ctx)
+        result = read_result(task, alias, run, run.db_now_ms)
+        object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+        task_started.send(sender=sender, task_result=result)
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
+            value = normalize_json(value)
+        except Exception as error:
+            if result.attempts >= input["retries"] + 1:
+                # Its last attempt: FAILED, sent from inside the except so that
+                # receivers (Django's own logs it with logger.exception) see it.
+                stored = serialize_error(error)
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                object.__setattr__(result, "finished_at", run.db_now)
+                result.errors.append(
+                    TaskError(exception_class_path=stored["type"], traceback=stored["traceback"])
+                )
+                task_finished.send(sender=sender, task_result=result)
+            raise
+        called.append(value)
+        return value
+
+    value = ctx.step(TASK_STEP, attempt, retries=input["retries"], lease_ms=input.get("lease_ms"))
+    if called:
+        # This pass ran the successful attempt: its result is recorded now.
+        run = _read(ctx)
+        run.status, run.output, run.updated_at = "completed", value, run.db_now
+        done = read_result(task, alias, run, run.db_now_ms)
+        task_finished.send(sender=sender, task_result=done)
+    return value
+
+
+__all__ = ["TASK_STEP", "TASK_WORKFLOW", "run_task"]

@@ -1,0 +1,88 @@
+"""Django Tasks the tests enqueue and worker processes run (see TASKS in testproject.settings)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from pikku_django.models import Lease
+from pikku_django.tasks.compat import TaskContext, task
+from testproject.testing.models import PassRecord, StepCall
+
+
+def _record(context: TaskContext[..., Any], label: str) -> None:
+    StepCall.objects.create(
+        run_id=uuid.UUID(context.task_result.id), step=label, pid=os.getpid(), at_ms=Lease.objects.db_now_ms()
+    )
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+def explode(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(backend="retrying", takes_context=True)
+def flaky(context: TaskContext[..., Any], succeed_on: int) -> dict[str, Any]:
+    """Fails every attempt before ``succeed_on``."""
+    _record(context, f"attempt {context.attempt}")
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return {"attempt": context.attempt}
+
+
+@task(backend="retrying", takes_context=True)
+def block_first_attempt(context: TaskContext[..., Any]) -> str:
+    """Blocks for good on its first attempt (until its worker is killed)."""
+    _record(context, f"attempt {context.attempt}")
+    while context.attempt == 1:
+        time.sleep(0.05)
+    return "done"
+
+
+@task(takes_context=True)
+def note(context: TaskContext[..., Any], label: str) -> str:
+    """Records that it ran (and when, on the DB clock)."""
+    _record(context, label)
+    return label
+
+
+@task(takes_context=True)
+def slow(context: TaskContext[..., Any], ms: int) -> str:
+    """Takes ``ms`` milliseconds; its start and end are recorded on the DB clock."""
+    start = Lease.objects.db_now_ms()
+    time.sleep(ms / 1000)
+    end = Lease.objects.db_now_ms()
+    PassRecord.objects.create(
+        run_id=uuid.UUID(context.task_result.id), pid=os.getpid(), start_ms=start, end_ms=end
+    )
+    return "slept"
+
+
+@task(takes_context=True)
+def block(context: TaskContext[..., Any]) -> str:
+    """Blocks for good (until its worker is killed)."""
+    _record(context, "block")
+    while True:
+        time.sleep(0.05)
+
+
+def plain_function(path: str) -> None:
+    """Not a Task: a stored path naming it must be refused, and it never called."""
+    with open(path, "w") as file:
+        file.write("called")
+
+
+def _hidden(x: int) -> int:
+    return x
+
+
+# A Task that is not stored under its function's name: its path names the
+# plain function, so it is refused at enqueue.
+hidden_task = task()(_hidden)
