@@ -56,3 +56,22 @@ class QueryPlanTests(TestCase):
         assert "Index Cond: (((status)::text = 'running'::text) AND (updated_at <=" in plan, plan
         assert plan.count("Index Scan using pikku_step_run_name_uniq") == 2, plan
         assert "Seq Scan" not in plan, plan
+
+    def test_due_query_uses_the_priority_index_in_its_order(self) -> None:
+        from pikku_django.worker import Worker
+
+        for worker in [Worker(holder="w"), Worker(holder="w", queues=["a", "b"])]:
+            captured: list[tuple[str, object]] = []
+
+            def capture(execute, text, params, many, context):  # type: ignore[no-untyped-def]
+                captured.append((text, params))
+                return execute(text, params, many, context)
+
+            with connection.execute_wrapper(capture):
+                worker.due(exclude={"full"})
+            ((text, params),) = captured
+            plan = explain(text, params)
+            assert "Index Scan using pikku_run_due_idx" in plan, plan
+            # The index gives the order (priority DESC, wake_at): no sort step.
+            assert "Sort" not in plan, plan
+            assert "Seq Scan" not in plan, plan
