@@ -63,7 +63,7 @@ class QueryPlanTests(TestCase):
         for worker in [Worker(holder="w"), Worker(holder="w", queues=["a", "b"])]:
             captured: list[tuple[str, object]] = []
 
-            def capture(execute, text, params, many, context):  # type: ignore[no-untyped-def]
+            def capture(execute, text, params, many, context, captured=captured):  # type: ignore[no-untyped-def]
                 captured.append((text, params))
                 return execute(text, params, many, context)
 
