@@ -150,7 +150,14 @@ class EnqueueTests(TransactionTestCase):
     def test_running_then_lost_worker_then_ready_again(self) -> None:
         result = tasks.block_first_attempt.enqueue()
         run = WorkflowRun.objects.get(pk=result.id)
-        step = WorkflowStep.objects.insert_step(run, "task", "testproject.testing.tasks.block_first_attempt")
+        # Enqueued with its one step, pending, under the task's path.
+        step = WorkflowStep.objects.get(run=run)
+        assert (step.step_name, step.rpc_name, step.status, step.retries) == (
+            "task",
+            "testproject.testing.tasks.block_first_attempt",
+            "pending",
+            2,
+        )
         assert WorkflowStep.objects.claim(run.pk, "task", step.rpc_name, 60_000, holder="w-dead") is not None
         result.refresh()
         assert (result.status, result.worker_ids) == (TaskResultStatus.RUNNING, ["w-dead"])

@@ -6,11 +6,12 @@ import uuid
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db import router, transaction
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError
-from pikku_django.models import WorkflowRun
+from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
     BaseTaskBackend,
     Task,
@@ -20,6 +21,7 @@ from pikku_django.tasks.compat import (
     task_enqueued,
 )
 from pikku_django.tasks.results import (
+    TASK_STEP,
     TASK_WORKFLOW,
     build_result,
     epoch_ms,
@@ -67,9 +69,10 @@ class PikkuTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """
-        Store the task as a run due at ``run_after`` (or now). One INSERT on
-        the caller's connection: inside ``transaction.atomic()`` it commits or
-        rolls back with the caller's own writes.
+        Store the task as a run due at ``run_after`` (or now), with its one
+        step. The rows are written on the caller's connection, in one
+        transaction: inside ``transaction.atomic()`` they commit or roll back
+        with the caller's own writes.
         """
         if not isinstance(task, Task):
             raise InvalidArgumentError(f"task must be a Task (a @task function), not {type(task).__name__}.")
@@ -81,22 +84,28 @@ class PikkuTaskBackend(BaseTaskBackend):
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"args and kwargs must be JSON-serialisable: {e}") from None
         run_after_ms = None if task.run_after is None else epoch_ms(task.run_after)
-        run = WorkflowRun.objects.create_run(
-            TASK_WORKFLOW,
-            {
-                "task": task.module_path,
-                "backend": self.alias,
-                "args": stored_args,
-                "kwargs": stored_kwargs,
-                "retries": self.retries,
-                "lease_ms": self.lease_ms,
-                "run_after_ms": run_after_ms,
-            },
-            queue=task.queue_name,
-            priority=task.priority,
-            wake_at=run_after_ms,
-        )
-        result = build_result(task, self.alias, run, None, [], now_ms=0)
+        alias = router.db_for_write(WorkflowRun)
+        with transaction.atomic(using=alias):
+            run = WorkflowRun.objects.db_manager(alias).create_run(
+                TASK_WORKFLOW,
+                {
+                    "task": task.module_path,
+                    "backend": self.alias,
+                    "args": stored_args,
+                    "kwargs": stored_kwargs,
+                    "retries": self.retries,
+                    "lease_ms": self.lease_ms,
+                    "run_after_ms": run_after_ms,
+                },
+                queue=task.queue_name,
+                priority=task.priority,
+                wake_at=run_after_ms,
+            )
+            # Stored now, so that a worker only claims it.
+            step = WorkflowStep.objects.db_manager(alias).insert_step(
+                run, TASK_STEP, task.module_path, retries=self.retries
+            )
+        result = build_result(task, self.alias, run, step, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)
         return result
 
