@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.test import SimpleTestCase, TransactionTestCase, override_settings
+from django.test import SimpleTestCase, TestCase, TransactionTestCase, override_settings
+from django.urls import reverse
 
 from pikku_django.checks import QUEUES_CHECK_ID, check_queues
 from pikku_django.errors import InvalidArgumentError
@@ -183,3 +185,20 @@ class QueuesCheckTests(SimpleTestCase):
             assert [e.id for e in errors] == [QUEUES_CHECK_ID], bad
             assert "PIKKU_QUEUES" in errors[0].msg and errors[0].hint
         assert QUEUES_CHECK_ID == "pikku_django.E007"
+
+
+class AdminShowsQueuesAndHoldersTests(TestCase):
+    def setUp(self) -> None:
+        user = User.objects.create_superuser("admin", "admin@example.com", "pw")
+        self.client.force_login(user)
+
+    def test_runs_show_queue_and_priority_and_attempts_show_their_worker(self) -> None:
+        run = WorkflowRun.objects.create_run("order", queue="emails-queue", priority=42)
+        step = WorkflowStep.objects.insert_step(run, "charge", "shop.charge")
+        assert WorkflowStep.objects.claim(run.pk, "charge", "shop.charge", 60_000, holder="host-9:123:abcd")
+        page = self.client.get(reverse("admin:pikku_django_workflowrun_changelist"))
+        assert page.status_code == 200
+        assert "emails-queue" in page.content.decode() and ">42<" in page.content.decode()
+        page = self.client.get(reverse("admin:pikku_django_workflowstep_change", args=[step.pk]))
+        assert page.status_code == 200
+        assert "host-9:123:abcd" in page.content.decode()
