@@ -179,6 +179,29 @@ def floor_two_commits(seconds: float = 2.0) -> float:
     return pairs / elapsed
 
 
+def statements_per_task(count: int = 20) -> str:
+    """What one pikku_worker pass over a no-op task sends, counted in this process."""
+    from pikku_django.worker import Worker
+
+    clear_pikku()
+    for _ in range(count):
+        noop.enqueue()
+    kinds: dict[str, int] = {}
+
+    def count_statement(
+        execute: Callable[..., object], text: str, params: object, many: bool, context: object
+    ) -> object:
+        verb = text.lstrip().split(None, 1)[0].upper()
+        kind = "write" if verb in {"INSERT", "UPDATE", "DELETE", "WITH"} else verb.lower()
+        kinds[kind] = kinds.get(kind, 0) + 1
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(count_statement):
+        Worker(holder="bench", once=True, interval=0.01).run()
+    clear_pikku()
+    return ", ".join(f"{n / count:.1f} {kind}" for kind, n in sorted(kinds.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=positive_int, default=500, help="tasks per trial (default 500)")
@@ -209,6 +232,7 @@ def main() -> None:
     print(f"| django-tasks-db DatabaseBackend + db_worker | {tdb:.1f} | {tdb / floor:.2f} |")
     print(f"| floor: two durable single-row commits per task | {floor:.1f} | 1.00 |")
     print(f"\npikku / django-tasks-db: {pikku / tdb:.2f}x")
+    print(f"pikku_worker statements per task (in-process, execute_wrapper): {statements_per_task()}")
 
 
 if __name__ == "__main__":
