@@ -175,6 +175,22 @@ class EnqueueTests(TransactionTestCase):
         assert issubclass(lost.exception_class, Exception)
         assert "w-dead" in lost.traceback
 
+    def test_a_task_whose_worker_is_lost_on_every_attempt_is_failed_not_stuck_running(self) -> None:
+        result = tasks.block.enqueue()  # the default backend: retries 0, one attempt
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert WorkflowStep.objects.claim(step.run_id, "task", step.rpc_name, 60_000, holder="w-dead")
+        lapse_step(step)
+        with Signals() as signals:
+            drain("w-next")
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert result.worker_ids == ["w-dead"]
+        ((error,),) = [result.errors]
+        assert error.exception_class_path == "pikku_django.errors.StepLeaseExpiredError"
+        assert error.exception_class.__mro__[1].__name__ == "PikkuError"
+        # The task was never called again.
+        assert signals.seen == []
+
     def test_unknown_ids_raise_task_result_does_not_exist(self) -> None:
         backend = task_backends["default"]
         run = WorkflowRun.objects.create_run("test.steps")
