@@ -154,7 +154,9 @@ def hold_lease(
     """
     Hold ``key`` while the body runs, renewing every ttl/3. Raises
     ``LeaseTakenError`` at once if someone else holds it, and
-    ``LeaseLostError`` on exit if the lease was lost while the body ran.
+    ``LeaseLostError`` on exit if the lease was lost while the body ran: found
+    lost by a renewal, or by the release on exit (which is the last check, so a
+    lease lost before any renewal ran is caught too).
     """
     ttl = validate.positive_ms("ttl_ms", conf.LEASE_TTL_MS if ttl_ms is None else ttl_ms)
     holder = default_holder() if holder is None else holder
@@ -166,13 +168,33 @@ def hold_lease(
     renewal.start()
     try:
         yield HeldLease(renewal)
-    finally:
-        renewal.stop()
-        if not renewal.lost.is_set():
-            try:
-                Lease.objects.db_manager(alias).release(renewal.lease)
-            except Exception:
-                # It lapses on its own at expires_at; nothing is lost.
-                logger.warning("Releasing lease %r failed; it will lapse.", key, exc_info=True)
-    if renewal.lost.is_set():
+    except BaseException as error:
+        if not _end(renewal, alias):
+            # The body's own exception goes on; the loss rides along with it.
+            lost = LeaseLostError(key, renewal.lease.token)
+            logger.warning("%s (the body raised %r)", lost, error)
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(str(lost))
+        raise
+    if not _end(renewal, alias):
         raise LeaseLostError(key, renewal.lease.token)
+
+
+def _end(renewal: LeaseRenewal, alias: str) -> bool:
+    """
+    Stop renewing and release the lease. True if it was held to the end: no
+    renewal found it lost and the release found it still ours and live.
+    """
+    renewal.stop()
+    if renewal.lost.is_set():
+        return False
+    try:
+        released = Lease.objects.db_manager(alias).release(renewal.lease)
+    except Exception:
+        # Unknown, not lost: it lapses on its own at expires_at.
+        logger.warning("Releasing %s failed; it will lapse.", renewal.name, exc_info=True)
+        return True
+    if not released:
+        logger.warning("%s was lost: it had lapsed or passed to another holder by the release.", renewal.name)
+        renewal.lost.set()
+    return released
