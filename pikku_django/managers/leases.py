@@ -112,7 +112,7 @@ class LeaseManager(models.Manager["Lease"]):
                 sql.statement("lease_release", connection),
                 {"key": lease.key, "holder": lease.holder, "token": lease.token},
             )
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
 
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key``, or None."""
