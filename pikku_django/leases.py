@@ -17,6 +17,7 @@ from pikku_django import validate
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError, LeaseTakenError
 from pikku_django.models import Lease
+from pikku_django.outages import drop_connections
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class KeepAlive:
         self.using = using
         self.lost = threading.Event()
         self._stop = threading.Event()
+        self._failing = False
         # The lease was granted no earlier than now, so it lasts at least
         # until ``_valid_until`` on the monotonic clock.
         self._valid_until = time.monotonic() + ttl_ms / 1000
@@ -84,10 +86,13 @@ class KeepAlive:
         sent = time.monotonic()
         try:
             renewed = self.renew()
-        except Exception:
-            logger.warning("Renewing %s failed; will retry.", self.name, exc_info=True)
+        except Exception as error:
+            # Logged once per run of failures (an outage), not at every try.
+            if not self._failing:
+                logger.warning("Renewing %s failed (%r); will retry.", self.name, error)
+            self._failing = True
             # The failed connection may be broken: reconnect on the next try.
-            connections[self.using].close()
+            drop_connections()
             if time.monotonic() >= self._valid_until:
                 logger.error("%s lapsed while renewals kept failing.", self.name)
                 self.lost.set()
@@ -97,6 +102,9 @@ class KeepAlive:
             logger.warning("%s was lost.", self.name)
             self.lost.set()
             return False
+        if self._failing:
+            logger.warning("Renewing %s works again.", self.name)
+            self._failing = False
         self._valid_until = sent + self.ttl_ms / 1000
         return True
 
