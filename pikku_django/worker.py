@@ -17,6 +17,7 @@ from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
 from pikku_django.leases import default_holder
 from pikku_django.models import WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.queues import queue_slot
 from pikku_django.workflows.runner import run_workflow
 
@@ -64,6 +65,7 @@ class Worker:
         self.using = using
         self.stopping = threading.Event()
         self.passes = 0
+        self.outage = Outage(f"Worker {self.holder}")
         self._signals = 0
 
     # -- signals --------------------------------------------------------------
@@ -88,7 +90,15 @@ class Worker:
         """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
         logger.info("Worker %s started.", self.holder)
         while not self.stopping.is_set():
-            took = self.run_batch()
+            try:
+                took = self.run_batch()
+            except OUTAGE_ERRORS as error:
+                # The database went away (a restart, a failover): wait it out,
+                # never exit. A step in hand was either recorded or is taken
+                # again as a new attempt once its lease lapses.
+                self.stopping.wait(self.outage.failed(error))
+                continue
+            self.outage.succeeded()
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
             if not took:
@@ -101,21 +111,35 @@ class Worker:
 
     def run_batch(self) -> int:
         """
-        Take and drive up to ``batch`` due runs, highest priority first; returns
-        how many were taken. A queue whose every slot is taken (PIKKU_QUEUES)
-        is left out of the rest of the batch, so the worker moves on to the
-        runs of other queues instead of waiting on it.
+        Take and drive up to ``batch`` due runs, one at a time, highest priority
+        first; returns how many were taken. A queue whose every slot is taken
+        (PIKKU_QUEUES) is left out for the rest of the batch, so the worker
+        moves on to the runs of other queues instead of waiting on it.
         """
         refresh_connections()
-        full: set[str] = set()
         took = 0
+        full: set[str] = set()
+        while took < self.batch and not self.stopping.is_set():
+            if self.max_runs is not None and self.passes >= self.max_runs:
+                break
+            if not self.drive_next(full):
+                break
+            took += 1
+            refresh_connections()
+        return took
+
+    def drive_next(self, full: set[str]) -> bool:
+        """
+        Take the first due run no other worker takes first and drive it under a
+        slot of its queue; False when nothing is due that this worker may take.
+        Looked up afresh before every pass, so a run woken out of turn
+        (``wake_at`` 0: its step lost its worker, or the admin woke it) is
+        driven next, ahead of a backlog of its priority that only waits its
+        turn. A queue found with every slot taken joins ``full`` and is left out.
+        """
         while True:
             newly_full = False
             for run_id, wake_at, queue in self.due(exclude=full):
-                if self.stopping.is_set() or took >= self.batch:
-                    return took
-                if self.max_runs is not None and self.passes >= self.max_runs:
-                    return took
                 if queue in full:
                     continue
                 outcome = self.take_and_drive(run_id, wake_at, queue)
@@ -123,12 +147,11 @@ class Worker:
                     full.add(queue)
                     newly_full = True
                 elif outcome:
-                    took += 1
-                    refresh_connections()
+                    return True
             # Look again only when a queue filled up: its runs may have hidden
             # due runs of other queues from this look.
             if not newly_full:
-                return took
+                return False
 
     def due(self, exclude: Iterable[str] = ()) -> list[tuple[Any, int | None, str]]:
         """
@@ -182,9 +205,12 @@ class Worker:
         self.passes += 1
         try:
             run = run_workflow(run_id, holder=self.holder, stop=self.stopping, using=self.using)
+        except OUTAGE_ERRORS:
+            # The loop waits the outage out; the run is due again when its lease lapses.
+            raise
         except Exception:
-            # One run's failure to be driven (say, the database blinked) must
-            # not stop the worker; the run is due again when its lease lapses.
+            # One run's failure to be driven must not stop the worker; the run
+            # is due again when its lease lapses.
             logger.exception("Driving run %s failed.", run_id)
             return
         logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

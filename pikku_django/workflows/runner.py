@@ -17,6 +17,7 @@ from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTaken
 from pikku_django.leases import hold_lease
 from pikku_django.managers import serialize_error
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext, Stop, Suspend
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
 
@@ -108,6 +109,10 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
     except StepFailedError as error:
         _finish(run, "failed", error={**error.error, "step": error.step_name})
         return
+    except OUTAGE_ERRORS:
+        # The database went away mid-pass: that is no fault of the run's. The
+        # pass ends here and the run is driven again once the database is back.
+        raise
     except Exception as error:
         logger.info("Run %s failed: %r", run.pk, error)
         _finish(run, "failed", error=serialize_error(error))
