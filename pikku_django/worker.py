@@ -14,6 +14,7 @@ from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.leases import default_holder
+from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows.runner import run_workflow
 
@@ -120,7 +121,7 @@ class Worker:
         """
         runs = WorkflowRun.objects.db_manager(self.using)
         return bool(
-            runs.filter(pk=run_id, status="running", wake_at=wake_at).update(
+            runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
                 wake_at=DbNowMs() + conf.LEASE_TTL_MS
             )
         )

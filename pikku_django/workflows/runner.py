@@ -15,10 +15,12 @@ from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
 from pikku_django.leases import hold_lease
-from pikku_django.managers import serialize_error
+from pikku_django.managers import ACTIVE_RUN_STATUSES, serialize_error
+from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import Lease, WorkflowRun
-from pikku_django.workflows.context import RETRY_SOON_MS, RunContext, Stop, Suspend
+from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
+from pikku_django.workflows.waits import Stop, Suspend, suspend_run
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +28,31 @@ logger = logging.getLogger(__name__)
 UNKNOWN_WORKFLOW_RETRY_MS = 60_000
 
 
-def start_workflow(name: str, input: Any = None, *, inline: bool = False) -> WorkflowRun:
+def start_workflow(
+    name: str,
+    input: Any = None,
+    *,
+    inline: bool = False,
+    idempotency_key: str | None = None,
+    timeout_ms: int | None = None,
+) -> WorkflowRun:
     """
     Start a run of the workflow ``name``, due at once for a worker; with
     ``inline=True``, drive it to its end here first. A failed run is returned,
-    not raised.
+    not raised. A second start with the same ``idempotency_key`` returns the
+    first run, whatever its status; ``timeout_ms`` sets a deadline on the
+    database clock.
     """
     get_workflow(validate.name("name", name))
-    run = WorkflowRun.objects.create_run(name, input)
+    validate.json_value("input", input)
+    if timeout_ms is not None:
+        validate.positive_ms("timeout_ms", timeout_ms)
+    if idempotency_key is None:
+        run = WorkflowRun.objects.create_run(name, input, timeout_ms=timeout_ms)
+    else:
+        run = WorkflowRun.objects.start_run(
+            name, input, idempotency_key=idempotency_key, timeout_ms=timeout_ms
+        )
     if inline:
         run = _drive_inline(run)
     return run
@@ -67,7 +86,7 @@ def run_workflow(
         run = runs.get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
         raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.") from None
-    if run.status != "running":
+    if run.status not in ACTIVE_RUN_STATUSES:
         return run
     try:
         fn = get_workflow(run.workflow)
@@ -77,6 +96,10 @@ def run_workflow(
         return runs.get(pk=run.pk)
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
+            if run.status == "suspended":
+                # A wait that timed out (or a wake that raced the suspension): drive it.
+                runs.filter(pk=run.pk, status="suspended").update(status="running")
+                run.status = "running"
             _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
@@ -93,7 +116,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
         output = fn(ctx, run.input)
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
-        _set_wake(run, suspend.wake_at)
+        suspend_run(run, suspend)
         return
     except Stop as stop:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
@@ -115,10 +138,11 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
 
 
 def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
-    """Record the run's outcome, unless it already has one (the status guard)."""
-    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
-        status=status, wake_at=None, updated_at=DbNow(), **fields
-    )
+    """
+    Record the run's outcome, unless it already has one (the status guard),
+    and hand it to a parent waiting on it in the same transaction.
+    """
+    finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, **fields)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
