@@ -143,6 +143,8 @@ class WorkflowRun(models.Model):
             # The admin's newest-first list and its workflow filter.
             models.Index(fields=["created_at"], name="pikku_run_created_idx"),
             models.Index(fields=["workflow"], name="pikku_run_workflow_idx"),
+            # The sweep's "past its deadline" query.
+            models.Index(fields=["status", "deadline_at"], name="pikku_run_status_deadline_idx"),
         ]
 
     def __str__(self) -> str:
