@@ -114,7 +114,8 @@ def sleeper(ctx: Any, input: dict[str, Any]) -> Any:
 
 @workflow("test.signals")
 def signals(ctx: Any, input: dict[str, Any]) -> Any:
-    """Waits ``input["waits"]`` times for the signal ``input["name"]``; returns every payload."""
+    """Waits ``input["waits"]`` times for the signal ``input["name"]`` (one "go"); returns every payload."""
+    input = input or {"name": "go", "waits": 1}
     timeout = input.get("timeout_ms")
     return [ctx.wait_for_signal(input["name"], timeout_ms=timeout) for _ in range(input["waits"])]
 
