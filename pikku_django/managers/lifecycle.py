@@ -26,20 +26,26 @@ from pikku_django.managers.base import FINISHED_RUN_STATUSES, WOKEN, serialize_e
 FENCED_STEP_STATUSES = ("running", "scheduled", "suspended")
 
 
-def finish_run(alias: str, run_id: Any, status: str, **fields: Any) -> bool:
+#: ``parent_id`` not known to the caller: read it.
+UNKNOWN = object()
+
+
+def finish_run(alias: str, run_id: Any, status: str, *, parent_id: Any = UNKNOWN, **fields: Any) -> bool:
     """
     Record the outcome of a run that is still running and, in the same
-    transaction, hand it to the parent step parked on it (if any).
+    transaction, hand it to the parent step parked on it (if any). A caller
+    that knows the run's ``parent_id`` (None for a top-level run) saves a read.
     """
     from pikku_django.models import WorkflowRun
 
     with transaction.atomic(using=alias):
+        _lock_parent(alias, run_id, parent_id)
         done = (
             WorkflowRun.objects.using(alias)
             .filter(pk=run_id, status="running")
             .update(status=status, wake_at=None, updated_at=DbNow(), **fields)
         )
-        if done:
+        if done and parent_id is not None:
             settle_parent_step(alias, run_id)
     return bool(done)
 
@@ -120,6 +126,7 @@ def end_runs(
     ended: list[Any] = []
     with transaction.atomic(using=alias):
         for run_id in run_ids:
+            _lock_parent(alias, run_id)
             rows = runs.filter(pk=run_id).exclude(status__in=FINISHED_RUN_STATUSES)
             if guard is not None:
                 rows = rows.filter(guard)
@@ -144,6 +151,22 @@ def end_runs(
         for run_id in ended:
             settle_parent_step(alias, run_id)
     return ended
+
+
+def _lock_parent(alias: str, run_id: Any, parent_id: Any = UNKNOWN) -> None:
+    """
+    Lock the parent run (if any) before the run itself. Every transaction
+    here then takes rows parent first (parent run, its steps, the child run,
+    the child's steps), so ending a child while its parent is cancelled
+    queues one behind the other instead of deadlocking.
+    """
+    from pikku_django.models import WorkflowRun
+
+    runs = WorkflowRun.objects.using(alias)
+    if parent_id is UNKNOWN:
+        parent_id = runs.filter(pk=run_id).values_list("parent_id", flat=True).first()
+    if parent_id is not None:
+        list(runs.select_for_update().filter(pk=parent_id).values_list("pk", flat=True))
 
 
 def _fence_steps(alias: str, run_ids: list[Any], error: dict[str, Any]) -> None:

@@ -142,7 +142,7 @@ def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
     Record the run's outcome, unless it already has one (the status guard),
     and hand it to a parent waiting on it in the same transaction.
     """
-    finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, **fields)
+    finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
