@@ -12,7 +12,7 @@ from pikku_django.admin import WorkflowRunAdmin
 from pikku_django.admin.base import short_uuid
 from pikku_django.admin.waits import describe_wait
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
-from pikku_django.workflows import run_workflow, start_workflow
+from pikku_django.workflows import run_workflow, send_signal, start_workflow
 
 
 def change_url(run: WorkflowRun) -> str:
@@ -63,6 +63,9 @@ class WaitingRunAdminTests(TransactionTestCase):
             in body
         )
         assert "waiting for child" in body and " UTC (in " in body  # the deadline, ten minutes off
+        send_signal(self.waiter.pk, "approval", {"by": "ana"})
+        body = self.get(change_url(self.waiter))
+        assert "Workflow signals" in body and "&quot;by&quot;: &quot;ana&quot;" in body
         body = self.get(change_url(self.child))
         assert f'<a href="{change_url(self.parent)}">{short_uuid(self.parent.pk)}</a>' in body
         # A run fetched without the list's annotations describes its wait too.

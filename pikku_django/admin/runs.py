@@ -20,7 +20,7 @@ from pikku_django.admin.base import (
     short_uuid,
 )
 from pikku_django.admin.steps import WorkflowStepInline
-from pikku_django.admin.waits import describe_wait, waiting_annotations
+from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 from pikku_django.clock import DbNowMs
 from pikku_django.managers import WorkflowRunQuerySet
 from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
@@ -86,7 +86,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "output_json",
         "error_json",
     ]
-    inlines = [WorkflowStepInline]
+    inlines = [WorkflowStepInline, WorkflowSignalInline]
     actions = ["wake_runs", "cancel_runs"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:

@@ -6,14 +6,16 @@ import datetime
 import uuid
 from typing import Any
 
-from django.db.models import OuterRef, Q, Subquery
+from django.contrib import admin
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from pikku_django.admin.base import format_ms, short_uuid
+from pikku_django.admin.base import ReadOnlyTabularInline, format_ms, pretty_json, short_uuid
 from pikku_django.managers.signals import SIGNAL_RPC
-from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
 from pikku_django.workflows.waits import CHILD_RPC, SLEEP_RPC
 
 
@@ -72,3 +74,24 @@ def describe_wait(run: WorkflowRun, now_ms: int) -> str | None:
         url = reverse("admin:pikku_django_workflowrun_change", args=[child])
         return format_html('waiting for child <a href="{}">{}</a>', url, short_uuid(child))
     return None
+
+
+class WorkflowSignalInline(ReadOnlyTabularInline):
+    """The signals sent to a run, and which wait consumed each."""
+
+    model = WorkflowSignal
+    fields = ["name", "payload_json", "sent", "consumed_by"]
+    readonly_fields = ["payload_json", "sent"]
+    ordering = ["sent_at", "id"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowSignal]:
+        signals: QuerySet[WorkflowSignal] = super().get_queryset(request)
+        return signals.select_related("consumed_by")
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: WorkflowSignal) -> str:
+        return pretty_json(obj.payload, self.get_empty_value_display())
+
+    @admin.display(description="sent", ordering="sent_at")
+    def sent(self, obj: WorkflowSignal) -> str:
+        return _when(obj.sent_at)
