@@ -23,6 +23,7 @@ from pikku_django.errors import (
 from pikku_django.models import Lease, WorkflowRun, WorkflowSignal, WorkflowStep
 from pikku_django.workflows import run_workflow, send_signal, start_workflow
 from pikku_django.workflows.context import RunContext
+from pikku_django.workflows.waits import Suspend, suspend_run
 from testproject.testing.models import StepCall
 from tests.conftest import poll_until
 
@@ -103,6 +104,22 @@ class SignalTests(TransactionTestCase):
         run = run_workflow(run.pk)
         assert (run.status, run.output) == ("completed", ["yes"])
         assert WorkflowSignal.objects.get(name="other").consumed_by is None
+
+    def test_a_signal_that_lands_while_the_pass_suspends_still_wakes_the_run(self) -> None:
+        run = start_workflow("test.signals", {"name": "approval", "waits": 1})
+        run = run_workflow(run.pk)
+        # As a pass sees it while it suspends: the run still running, the
+        # sender's signal stored but its wake already spent on the running run.
+        WorkflowRun.objects.filter(pk=run.pk).update(status="running")
+        WorkflowSignal.objects.create(run=run, name="approval", payload="late", sent_at=now_ms())
+        signals = WorkflowSignal.objects
+        suspend = Suspend(
+            None, "waits", status="suspended", recheck=lambda: signals.waiting_for(run, "approval")
+        )
+        suspend_run(run, suspend)
+        run = fresh(run)
+        assert run.status == "running" and WorkflowRun.objects.due().filter(pk=run.pk).exists()
+        assert run_workflow(run.pk).output == ["late"]
 
     def test_two_waits_of_one_name_consume_two_signals_in_order_and_replay_keeps_them(self) -> None:
         run = start_workflow("test.signals", {"name": "tick", "waits": 2})
