@@ -212,6 +212,14 @@ class ChildRunTests(TransactionTestCase):
         run = run_workflow(run.pk)
         assert (run.status, run.output) == ("completed", {"child": 42})
 
+    def test_an_inline_parent_drives_its_child_inline(self) -> None:
+        run = start_workflow("test.parent", {"child": "test.double", "child_input": 5}, inline=True)
+        assert (run.status, run.output) == ("completed", {"child": 10})
+        assert WorkflowRun.objects.get(parent=run).status == "completed"
+        # A child that waits for a signal leaves both waiting, returned as they are.
+        run = start_workflow("test.parent", {"child": "test.signals"}, inline=True)
+        assert (run.status, WorkflowRun.objects.get(parent=run).status) == ("running", "suspended")
+
     def test_a_failed_child_fails_the_parents_step_with_its_error(self) -> None:
         run = run_workflow(start_workflow("test.parent", {"child": "test.fails"}).pk)
         child = run_workflow(WorkflowRun.objects.get(parent=run).pk)

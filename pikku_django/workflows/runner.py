@@ -15,7 +15,7 @@ from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
 from pikku_django.leases import hold_lease
-from pikku_django.managers import ACTIVE_RUN_STATUSES, serialize_error
+from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
 from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import Lease, WorkflowRun
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
@@ -59,10 +59,22 @@ def start_workflow(
 
 
 def _drive_inline(run: WorkflowRun) -> WorkflowRun:
+    """Drive the run here until it ends, or waits for something no pass here can bring (a signal)."""
     while True:
         run = run_workflow(run.pk)
-        if run.is_finished or run.wake_at is None:
+        if run.is_finished:
             return run
+        if run.wake_at is None:
+            # Waiting on a child: drive the child inline too; its end wakes this run.
+            child = (
+                WorkflowRun.objects.using(run._state.db)
+                .filter(parent=run, parent_steps__run=run, parent_steps__status="running")
+                .exclude(status__in=FINISHED_RUN_STATUSES)
+                .first()
+            )
+            if child is None or not _drive_inline(child).is_finished:
+                return run
+            continue
         wait_ms = run.wake_at - Lease.objects.db_now_ms()
         if wait_ms > 0:
             time.sleep(wait_ms / 1000)
