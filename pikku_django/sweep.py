@@ -94,10 +94,16 @@ def sweep(
     lapsed = set(lapsed_steps.values_list("run_id", flat=True)[:limit])
     if lapsed and not dry_run:
         _free_run_leases(lapsed, alias)
-    stalled = set(runs.stalled(idle_ms, limit))
+    # Stalled and undispatched runs that are due in the ordinary way are only
+    # waiting for a free worker, and are left in their turn: waking them too
+    # (wake_at 0) would put them level with the runs that lost their worker,
+    # and a backlog older than the stalled window would hold every recovered
+    # run back.
+    stuck = runs.get_queryset().idle(idle_ms).not_queued()
+    stalled = set(stuck.order_by("updated_at").values_list("pk", flat=True)[:limit])
     pending = steps.filter(
         status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
-    )
+    ).filter(run__in=runs.get_queryset().not_queued())
     undispatched = set(pending.values_list("run_id", flat=True)[:limit])
     report.lapsed_runs, report.stalled_runs, report.undispatched_runs = (
         len(lapsed),

@@ -16,6 +16,7 @@ from pikku_django.conf import conf
 from pikku_django.leases import default_holder
 from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.models import WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.workflows.runner import run_workflow
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Worker:
         self.using = using
         self.stopping = threading.Event()
         self.passes = 0
+        self.outage = Outage(f"Worker {self.holder}")
         self._signals = 0
 
     # -- signals --------------------------------------------------------------
@@ -83,7 +85,15 @@ class Worker:
         """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
         logger.info("Worker %s started.", self.holder)
         while not self.stopping.is_set():
-            took = self.run_batch()
+            try:
+                took = self.run_batch()
+            except OUTAGE_ERRORS as error:
+                # The database went away (a restart, a failover): wait it out,
+                # never exit. A step in hand was either recorded or is taken
+                # again as a new attempt once its lease lapses.
+                self.stopping.wait(self.outage.failed(error))
+                continue
+            self.outage.succeeded()
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
             if not took:
@@ -95,22 +105,32 @@ class Worker:
         return self.passes
 
     def run_batch(self) -> int:
-        """Take and drive up to ``batch`` due runs; returns how many were taken."""
+        """Take and drive up to ``batch`` due runs, one at a time; returns how many were taken."""
         refresh_connections()
-        runs = WorkflowRun.objects.db_manager(self.using)
-        due = list(runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch])
         took = 0
-        for run_id, wake_at in due:
-            if self.stopping.is_set():
-                break
+        while took < self.batch and not self.stopping.is_set():
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
-            if not self.take(run_id, wake_at):
-                continue
+            run_id = self.take_next()
+            if run_id is None:
+                break
             took += 1
             self.drive(run_id)
             refresh_connections()
         return took
+
+    def take_next(self) -> Any:
+        """
+        Take the first due run no other worker takes first; None when nothing
+        is due. Looked up afresh before every pass, so a run woken out of turn
+        (``wake_at`` 0: its step lost its worker, or the admin woke it) is
+        driven next, ahead of a backlog of runs that are only waiting their turn.
+        """
+        runs = WorkflowRun.objects.db_manager(self.using)
+        for run_id, wake_at in runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch]:
+            if self.take(run_id, wake_at):
+                return run_id
+        return None
 
     def take(self, run_id: Any, wake_at: int | None) -> bool:
         """
@@ -130,9 +150,12 @@ class Worker:
         self.passes += 1
         try:
             run = run_workflow(run_id, holder=self.holder, stop=self.stopping, using=self.using)
+        except OUTAGE_ERRORS:
+            # The loop waits the outage out; the run is due again when its lease lapses.
+            raise
         except Exception:
-            # One run's failure to be driven (say, the database blinked) must
-            # not stop the worker; the run is due again when its lease lapses.
+            # One run's failure to be driven must not stop the worker; the run
+            # is due again when its lease lapses.
             logger.exception("Driving run %s failed.", run_id)
             return
         logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

@@ -34,6 +34,29 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         return self.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=DbNowMs())
 
+    def not_queued(self) -> WorkflowRunQuerySet:
+        """
+        Runs that are not merely waiting their turn for a worker: ``wake_at``
+        unset or still ahead, or woken out of turn (``WOKEN``, ahead of the queue).
+        """
+        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__gt=DbNowMs()) | Q(wake_at__lte=WOKEN))
+
+    def idle(self, idle_ms: int) -> WorkflowRunQuerySet:
+        """
+        Running runs with no step in flight and nothing touched for ``idle_ms``
+        on the database clock (``WorkflowRunManager.stalled()`` lists them).
+        """
+        validate.whole("idle_ms", idle_ms)
+        from pikku_django.models import WorkflowStep
+
+        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
+        cutoff = DbNow(minus_ms=idle_ms)
+        return (
+            self.filter(status="running", updated_at__lte=cutoff)
+            .exclude(Exists(steps.in_flight()))
+            .exclude(Exists(steps.filter(updated_at__gt=cutoff)))
+        )
+
     def wake(self) -> int:
         """Make these running runs due now, ahead of the queue; returns how many."""
         return self.running().update(wake_at=WOKEN)
@@ -163,17 +186,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         scheduled, suspended, or running under a live or NULL (parked) lease;
         a lapsed lease is a dead worker and is not in flight.
         """
-        validate.whole("idle_ms", idle_ms)
         validate.whole("limit", limit, minimum=1)
-        from pikku_django.models import WorkflowStep
-
-        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
-        cutoff = DbNow(minus_ms=idle_ms)
         return list(
-            self.get_queryset()
-            .filter(status="running", updated_at__lte=cutoff)
-            .exclude(Exists(steps.in_flight()))
-            .exclude(Exists(steps.filter(updated_at__gt=cutoff)))
-            .order_by("updated_at")
-            .values_list("pk", flat=True)[:limit]
+            self.get_queryset().idle(idle_ms).order_by("updated_at").values_list("pk", flat=True)[:limit]
         )

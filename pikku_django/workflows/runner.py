@@ -18,6 +18,7 @@ from pikku_django.leases import hold_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
 from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import Lease, WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
 from pikku_django.workflows.waits import Stop, Suspend, suspend_run
@@ -136,6 +137,10 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
     except StepFailedError as error:
         _finish(run, "failed", error={**error.error, "step": error.step_name})
         return
+    except OUTAGE_ERRORS:
+        # The database went away mid-pass: that is no fault of the run's. The
+        # pass ends here and the run is driven again once the database is back.
+        raise
     except Exception as error:
         logger.info("Run %s failed: %r", run.pk, error)
         _finish(run, "failed", error=serialize_error(error))
