@@ -16,6 +16,7 @@ from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
 from pikku_django.leases import default_holder
+from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.queues import queue_slot
@@ -196,7 +197,7 @@ class Worker:
         """
         runs = WorkflowRun.objects.db_manager(self.using)
         return bool(
-            runs.filter(pk=run_id, status="running", wake_at=wake_at).update(
+            runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
                 wake_at=DbNowMs() + conf.LEASE_TTL_MS
             )
         )

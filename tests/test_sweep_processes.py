@@ -280,6 +280,7 @@ class CommandLineTests(ProcessTestCase):
         assert set(dry) == {
             "dry_run",
             "failed_steps",
+            "timed_out_runs",
             "lapsed_runs",
             "stalled_runs",
             "undispatched_runs",

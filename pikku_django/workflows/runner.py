@@ -15,11 +15,13 @@ from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
 from pikku_django.leases import hold_lease
-from pikku_django.managers import serialize_error
+from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
+from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS
-from pikku_django.workflows.context import RETRY_SOON_MS, RunContext, Stop, Suspend
+from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
+from pikku_django.workflows.waits import Stop, Suspend, suspend_run
 
 logger = logging.getLogger(__name__)
 
@@ -34,24 +36,57 @@ def start_workflow(
     inline: bool = False,
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
+    idempotency_key: str | None = None,
+    timeout_ms: int | None = None,
 ) -> WorkflowRun:
     """
     Start a run of the workflow ``name`` on ``queue``, due at once for a
     worker (higher ``priority`` first); with ``inline=True``, drive it to its
-    end here first. A failed run is returned, not raised.
+    end here first. A failed run is returned, not raised. A second start with
+    the same ``idempotency_key`` returns the first run, whatever its status;
+    ``timeout_ms`` sets a deadline on the database clock.
     """
     get_workflow(validate.name("name", name))
-    run = WorkflowRun.objects.create_run(name, input, queue=queue, priority=priority)
+    validate.json_value("input", input)
+    validate.queue_name("queue", queue)
+    validate.priority("priority", priority)
+    if timeout_ms is not None:
+        validate.positive_ms("timeout_ms", timeout_ms)
+    if idempotency_key is None:
+        run = WorkflowRun.objects.create_run(
+            name, input, queue=queue, priority=priority, timeout_ms=timeout_ms
+        )
+    else:
+        run = WorkflowRun.objects.start_run(
+            name,
+            input,
+            idempotency_key=idempotency_key,
+            timeout_ms=timeout_ms,
+            queue=queue,
+            priority=priority,
+        )
     if inline:
         run = _drive_inline(run)
     return run
 
 
 def _drive_inline(run: WorkflowRun) -> WorkflowRun:
+    """Drive the run here until it ends, or waits for something no pass here can bring (a signal)."""
     while True:
         run = run_workflow(run.pk)
-        if run.is_finished or run.wake_at is None:
+        if run.is_finished:
             return run
+        if run.wake_at is None:
+            # Waiting on a child: drive the child inline too; its end wakes this run.
+            child = (
+                WorkflowRun.objects.using(run._state.db)
+                .filter(parent=run, parent_steps__run=run, parent_steps__status="running")
+                .exclude(status__in=FINISHED_RUN_STATUSES)
+                .first()
+            )
+            if child is None or not _drive_inline(child).is_finished:
+                return run
+            continue
         wait_ms = run.wake_at - Lease.objects.db_now_ms()
         if wait_ms > 0:
             time.sleep(wait_ms / 1000)
@@ -75,7 +110,7 @@ def run_workflow(
         run = runs.get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
         raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.") from None
-    if run.status != "running":
+    if run.status not in ACTIVE_RUN_STATUSES:
         return run
     try:
         fn = get_workflow(run.workflow)
@@ -85,6 +120,10 @@ def run_workflow(
         return runs.get(pk=run.pk)
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
+            if run.status == "suspended":
+                # A wait that timed out (or a wake that raced the suspension): drive it.
+                runs.filter(pk=run.pk, status="suspended").update(status="running")
+                run.status = "running"
             _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
@@ -101,7 +140,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
         output = fn(ctx, run.input)
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
-        _set_wake(run, suspend.wake_at)
+        suspend_run(run, suspend)
         return
     except Stop as stop:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
@@ -127,10 +166,11 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
 
 
 def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
-    """Record the run's outcome, unless it already has one (the status guard)."""
-    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
-        status=status, wake_at=None, updated_at=DbNow(), **fields
-    )
+    """
+    Record the run's outcome, unless it already has one (the status guard),
+    and hand it to a parent waiting on it in the same transaction.
+    """
+    finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:

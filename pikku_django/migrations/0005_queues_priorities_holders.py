@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pikku_django', '0003_sweep'),
+        ('pikku_django', '0004_workflow_waits'),
     ]
 
     operations = [
