@@ -160,12 +160,12 @@ class Worker:
         ``exclude``, as (id, wake_at, queue): highest priority first, then the
         earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
         """
-        runs = WorkflowRun.objects.db_manager(self.using).due()
+        runs = WorkflowRun.objects.db_manager(self.using).get_queryset()
         if self.queues is not None:
             runs = runs.filter(queue__in=self.queues)
         if exclude:
             runs = runs.exclude(queue__in=sorted(exclude))
-        return list(runs.order_by("-priority", "wake_at").values_list("pk", "wake_at", "queue")[: self.batch])
+        return runs.next_due(self.batch)
 
     def take_and_drive(self, run_id: Any, wake_at: int | None, queue: str) -> bool | None:
         """

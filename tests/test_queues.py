@@ -61,6 +61,17 @@ class QueueAndPriorityTests(TransactionTestCase):
         ran = [WorkflowRun.objects.get(pk=pk).priority for pk in order_of_calls()]
         assert ran == [10, 5, 5, 0, -3]
 
+    def test_next_due_merges_running_and_suspended_runs_in_one_order(self) -> None:
+        low, high, waiting, later = (start_workflow("test.steps", priority=p) for p in (1, 5, 3, 9))
+        now = Lease.objects.db_now_ms()
+        # A suspended run whose wait timed out is due; one whose wait has not is not.
+        WorkflowRun.objects.filter(pk=waiting.pk).update(status="suspended", wake_at=now - 10)
+        WorkflowRun.objects.filter(pk=later.pk).update(status="suspended", wake_at=now + 60_000)
+        due = WorkflowRun.objects.get_queryset().next_due(10)
+        assert [row[0] for row in due] == [high.pk, waiting.pk, low.pk]
+        assert [row[0] for row in WorkflowRun.objects.get_queryset().next_due(2)] == [high.pk, waiting.pk]
+        assert due[1] == (waiting.pk, now - 10, "default")
+
     def test_worker_with_queues_never_takes_another_queue(self) -> None:
         a = [start_workflow("test.steps", {"steps": 1}, queue="a") for _ in range(3)]
         b = [start_workflow("test.steps", {"steps": 1}, queue="b", priority=50) for _ in range(3)]

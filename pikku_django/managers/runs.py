@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from pikku_django import validate
@@ -33,6 +34,29 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         its wait's timeout, or NULL: only a signal wakes it).
         """
         return self.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=DbNowMs())
+
+    def next_due(self, limit: int) -> list[tuple[Any, int | None, str]]:
+        """
+        Up to ``limit`` of these runs that are due, as (id, wake_at, queue):
+        highest priority first, then the earliest ``wake_at``. One walk of
+        the ``pikku_run_due_idx`` index per active status, each in the
+        index's own order and stopping after ``limit`` rows, then the walks
+        merged: an IN over the index's leading column would sort every due
+        run on each look, and a backlog would make each look slower.
+        """
+        order = ("-priority", "wake_at")
+        walks = [
+            self.filter(status=status, wake_at__lte=DbNowMs())
+            .order_by(*order)
+            .values_list("pk", "wake_at", "queue", "priority")[:limit]
+            for status in ACTIVE_RUN_STATUSES
+        ]
+        if connections[self.db].features.supports_slicing_ordering_in_compound:
+            rows = list(walks[0].union(*walks[1:], all=True).order_by(*order)[:limit])
+        else:
+            # SQLite: no ORDER BY ... LIMIT inside a compound statement; one walk each.
+            rows = sorted(chain.from_iterable(walks), key=lambda row: (-row[3], row[1]))[:limit]
+        return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
 
     def not_queued(self) -> WorkflowRunQuerySet:
         """
