@@ -191,7 +191,7 @@ def statements_per_task(count: int = 20) -> str:
     def count_statement(
         execute: Callable[..., object], text: str, params: object, many: bool, context: object
     ) -> object:
-        verb = text.lstrip().split(None, 1)[0].upper()
+        verb = text.lstrip().lstrip("(").split(None, 1)[0].upper()
         kind = "write" if verb in {"INSERT", "UPDATE", "DELETE", "WITH"} else verb.lower()
         kinds[kind] = kinds.get(kind, 0) + 1
         return execute(text, params, many, context)
