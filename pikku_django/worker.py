@@ -8,27 +8,35 @@ import threading
 from types import FrameType
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.leases import default_holder
 from pikku_django.models import WorkflowRun
-from pikku_django.workflows.runner import run_workflow
+from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
 
 
 def refresh_connections() -> None:
     """
-    Close connections the server may have dropped or that outlived
-    CONN_MAX_AGE, as Django does around each request, so a long-lived process
-    never works on a dead one. Skipped while any connection is inside an
-    atomic block (a test case's), which closing would break.
+    Close connections the server dropped or that errors left unusable, as
+    Django does around each request, so a long-lived process never works on
+    a dead one; keep healthy ones, whatever CONN_MAX_AGE says. A worker is
+    not a request: with Django's default CONN_MAX_AGE of 0 it would otherwise
+    reconnect (and lose its prepared statements) after every run. Skipped
+    while any connection is inside an atomic block (a test case's), which
+    closing would break.
     """
-    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
-        close_old_connections()
+    opened = connections.all(initialized_only=True)
+    if any(conn.in_atomic_block for conn in opened):
+        return
+    for conn in opened:
+        # close_at is when CONN_MAX_AGE would retire the connection; a worker's never retires.
+        conn.close_at = None
+        conn.close_if_unusable_or_obsolete()
 
 
 class Worker:
@@ -97,17 +105,19 @@ class Worker:
         """Take and drive up to ``batch`` due runs; returns how many were taken."""
         refresh_connections()
         runs = WorkflowRun.objects.db_manager(self.using)
-        due = list(runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch])
+        # The whole row: a take that wins proves it still reads so (running,
+        # this wake_at), and the pass needs nothing else, so it reads no run.
+        due = list(runs.due().order_by("wake_at")[: self.batch])
         took = 0
-        for run_id, wake_at in due:
+        for run in due:
             if self.stopping.is_set():
                 break
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
-            if not self.take(run_id, wake_at):
+            if not self.take(run.pk, run.wake_at):
                 continue
             took += 1
-            self.drive(run_id)
+            self.drive(run)
             refresh_connections()
         return took
 
@@ -125,13 +135,13 @@ class Worker:
             )
         )
 
-    def drive(self, run_id: Any) -> None:
+    def drive(self, run: WorkflowRun) -> None:
         self.passes += 1
         try:
-            run = run_workflow(run_id, holder=self.holder, stop=self.stopping, using=self.using)
+            run = drive_run(run, holder=self.holder, stop=self.stopping)
         except Exception:
             # One run's failure to be driven (say, the database blinked) must
             # not stop the worker; the run is due again when its lease lapses.
-            logger.exception("Driving run %s failed.", run_id)
+            logger.exception("Driving run %s failed.", run.pk)
             return
         logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

@@ -19,6 +19,7 @@ from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django.clock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS, SQLITE_NOW_MS
+from pikku_django.sql.attempts import ATTEMPT_STATEMENTS
 from pikku_django.sql.leases import (
     DB_NOW,
     LEASE_STATEMENTS,
@@ -50,7 +51,7 @@ Variants = dict[str, "str | tuple[str, ...]"]
 
 #: Every statement by name: ``{name: {variant: template}}``. A variant missing
 #: for ``mariadb`` falls back to ``mysql``.
-STATEMENTS: dict[str, Variants] = {**LEASE_STATEMENTS, **STEP_STATEMENTS}
+STATEMENTS: dict[str, Variants] = {**LEASE_STATEMENTS, **STEP_STATEMENTS, **ATTEMPT_STATEMENTS}
 
 _NOW = {"postgresql": POSTGRESQL_NOW_MS, "sqlite": SQLITE_NOW_MS, "mysql": MYSQL_NOW_MS}
 

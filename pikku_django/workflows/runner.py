@@ -67,6 +67,19 @@ def run_workflow(
         run = runs.get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
         raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.") from None
+    drive_run(run, holder=holder, stop=stop)
+    return runs.get(pk=run.pk)
+
+
+def drive_run(
+    run: WorkflowRun, *, holder: str | None = None, stop: threading.Event | None = None
+) -> WorkflowRun:
+    """
+    ``run_workflow`` on a run already read (a worker's take reads it): one
+    pass, without reading the run before or after. Returns ``run`` with the
+    outcome this pass wrote (status, output, error, wake_at) set on it.
+    """
+    alias = run._state.db or DEFAULT_DB_ALIAS
     if run.status != "running":
         return run
     try:
@@ -74,18 +87,18 @@ def run_workflow(
     except InvalidArgumentError:
         logger.error("Run %s is of workflow %r, which this process does not know.", run.pk, run.workflow)
         _set_wake(run, DbNowMs() + UNKNOWN_WORKFLOW_RETRY_MS)
-        return runs.get(pk=run.pk)
+        return run
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
             _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
         # worker's take (wake_at at its own lease's end) doesn't delay it.
-        runs.filter(pk=run.pk, status="running").update(wake_at=DbNowMs() + RETRY_SOON_MS)
+        _set_wake(run, DbNowMs() + RETRY_SOON_MS, touch=False)
     except LeaseLostError:
         # What the pass wrote stays: every step write was fenced to its attempt.
         logger.warning("Run %s lost its run lease during a pass.", run.pk)
-    return runs.get(pk=run.pk)
+    return run
 
 
 def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
@@ -116,12 +129,17 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
 
 def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
     """Record the run's outcome, unless it already has one (the status guard)."""
-    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
-        status=status, wake_at=None, updated_at=DbNow(), **fields
+    written = (
+        WorkflowRun.objects.using(run._state.db)
+        .filter(pk=run.pk, status="running")
+        .update(status=status, wake_at=None, updated_at=DbNow(), **fields)
     )
+    if written:
+        run.status, run.wake_at = status, None
+        for name, value in fields.items():
+            setattr(run, name, value)
 
 
-def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
-    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
-        wake_at=wake_at, updated_at=DbNow()
-    )
+def _set_wake(run: WorkflowRun, wake_at: Any, *, touch: bool = True) -> None:
+    changes = {"wake_at": wake_at, "updated_at": DbNow()} if touch else {"wake_at": wake_at}
+    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(**changes)
