@@ -48,6 +48,7 @@ from typing import Any
 from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from bench import workflow_headline as headline
 from bench.steps import environment, positive_int
 from pikku_django import sql
 from pikku_django.conf import conf
@@ -125,8 +126,15 @@ class Trial:
         return self.runs * STEPS / self.seconds
 
 
-def trial(workers: int, runs: int, timeout: float, logs: Path) -> Trial:
-    ids = create_runs(runs, due=False)
+def trial(
+    workers: int,
+    runs: int,
+    timeout: float,
+    logs: Path,
+    create: Callable[[int], list[Any]] | None = None,
+    check: Callable[[list[Any]], str] = check_runs,
+) -> Trial:
+    ids = create(runs) if create is not None else create_runs(runs, due=False)
     result = Trial(workers, runs)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -167,7 +175,7 @@ def trial(workers: int, runs: int, timeout: float, logs: Path) -> Trial:
                 p.kill()
                 p.wait()
             result.exits.append(p.returncode)
-    result.check = check_runs(ids)
+    result.check = check(ids)
     drop_runs(ids)
     return result
 
@@ -416,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--timeout", type=float, default=240.0, help="seconds per trial (default %(default)r)"
     )
+    parser.add_argument(
+        "--headline-only", action="store_true", help="only the headline table (issue #9), not parts 1 and 2"
+    )
     args = parser.parse_args(argv)
 
     migrated = migrate_if_needed()
@@ -435,15 +446,32 @@ def main(argv: list[str] | None = None) -> None:
         f"workers: manage.py {' '.join(WORKER_ARGS)}"
     )
 
-    trials: list[Trial] = []
     order = [1, 2, 2, 1] * ((args.rounds + 1) // 2)
     order = order[: 2 * args.rounds]
+    headline.RUNS_PER_TRIAL[0] = args.runs
+    counts = headline.count_per_step()
+    floors: list[float] = []
+    runs_done: list[tuple[int, float, float, str]] = []
+    for workers in order:
+        floors.append(headline.floor_pair_us())
+        done = trial(workers, args.runs, args.timeout, logs, headline.create_runs, headline.check_runs)
+        runs_done.append((workers, done.seconds, floors[-1], done.check))
+    print("\n".join(header))
+    print()
+    print(
+        f"Headline: {args.runs} runs x {headline.STEPS} no-I/O steps ({headline.WORKFLOW}) per trial, "
+        "through worker processes, on Django's default database settings"
+    )
+    print("\n".join(headline.table(runs_done, floors, counts, sql.variant(connection))))
+    if args.headline_only:
+        print(f"(load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - began:.0f} s in all)")
+        return
+    print()
+
+    trials: list[Trial] = []
     for workers in order:
         trials.append(trial(workers, args.runs, args.timeout, logs))
     profile, wall, check = profile_pass(args.profile_runs)
-
-    print("\n".join(header))
-    print()
     print(f"Part 1: {args.runs} runs x {STEPS} steps per trial, through worker processes")
     head = f"{'workers':>7} {'steps/s':>8} {'seconds':>8}  exit codes  check"
     print(head)

@@ -63,6 +63,19 @@ def serialize_error(error: BaseException) -> dict[str, Any]:
     }
 
 
+class _Shown:
+    """A statement as Django's query log reads it from a psycopg cursor."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: Any) -> None:
+        self.text = text
+
+    @property
+    def query(self) -> bytes:
+        return self.text.encode() if isinstance(self.text, str) else bytes(self.text)
+
+
 #: A prepare threshold no statement count reaches: only ``prepare=True`` prepares.
 _NEVER_BY_COUNT = 2**62
 
@@ -86,6 +99,9 @@ def _preparing_cursor_class() -> type[Any]:
                 return super().execute(query, params, prepare=True, **kwargs)
             finally:
                 conn.prepare_threshold = threshold
+                # What Django's query log shows (it reads ``_query``, which
+                # psycopg leaves unset for a prepared statement).
+                self._query = _Shown(query)
 
     return PreparingCursor
 

@@ -97,3 +97,14 @@ def slow_steps(ctx: Any, input: dict[str, Any]) -> list[str]:
     """``input["steps"]`` steps of ``input["ms"]`` ms each: a backlog that lasts a few seconds."""
     ms = input["ms"]
     return [ctx.step(f"s{i}", slow_step, str(ctx.run_id), f"s{i}", ms) for i in range(input["steps"])]
+
+
+def no_io_step(i: int) -> int:
+    """A step body that does no I/O: what the runtime alone costs."""
+    return i
+
+
+@workflow("test.noop")
+def noop(ctx: Any, input: dict[str, Any]) -> int:
+    """``input["steps"]`` steps whose bodies do no I/O (the throughput benchmark's workflow)."""
+    return sum(ctx.step(f"s{i}", no_io_step, i) for i in range(input.get("steps", 10)))
