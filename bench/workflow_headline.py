@@ -69,6 +69,7 @@ def counting() -> Iterator[CommitCounter]:
 
     def commit() -> None:
         counter.commits += 1
+        counter._explicit = False
         real_commit()
 
     wrapper.__dict__["_commit"] = commit
@@ -193,7 +194,8 @@ def table(
     )
     lines.append(
         "floor: two one-row durable UPDATEs by primary key in autocommit, us per pair (the two commits "
-        "a step needs), measured before each trial; 'of floor' = floor us / us per step"
+        "a step needs), measured before and after each trial (beside a trial: their mean; beside the "
+        "medians: the median of all); 'of floor' = floor us / us per step"
     )
     return lines
 

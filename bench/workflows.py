@@ -105,10 +105,11 @@ def check_runs(ids: list[Any]) -> str:
 
 
 def connected(pid: int) -> bool:
-    """Has the process opened a socket (its database connection)? Linux only."""
+    """Has the process opened a socket (its database connection), or the SQLite file? Linux only."""
     fds = Path(f"/proc/{pid}/fd")
+    target = str(connection.settings_dict["NAME"]) if connection.vendor == "sqlite" else "socket:"
     try:
-        return any(os.readlink(fd).startswith("socket:") for fd in fds.iterdir())
+        return any(os.readlink(fd).startswith(target) for fd in fds.iterdir())
     except (FileNotFoundError, PermissionError):
         return False
 
@@ -453,9 +454,11 @@ def main(argv: list[str] | None = None) -> None:
     floors: list[float] = []
     runs_done: list[tuple[int, float, float, str]] = []
     for workers in order:
-        floors.append(headline.floor_pair_us())
+        before = headline.floor_pair_us()
         done = trial(workers, args.runs, args.timeout, logs, headline.create_runs, headline.check_runs)
-        runs_done.append((workers, done.seconds, floors[-1], done.check))
+        after = headline.floor_pair_us()
+        floors += [before, after]
+        runs_done.append((workers, done.seconds, (before + after) / 2, done.check))
     print("\n".join(header))
     print()
     print(

@@ -5,7 +5,7 @@ A thread per step would cost a thread start and a join on every step, which
 on a fast database is a good share of a step's time. The keeper renews each
 lease it keeps every third of that lease's ttl, on its own thread and its own
 database connection (kept open between renewals, closed when a renewal
-fails), with the same rules as a lease's own renewal thread (``KeepAlive``):
+fails or nothing is left to keep), with the same rules as a lease's own renewal thread (``KeepAlive``):
 a renewal that raises proves nothing, an answer of "not yours" sets ``lost``
 at once.
 """
@@ -17,6 +17,8 @@ import itertools
 import threading
 import time
 from typing import TYPE_CHECKING
+
+from django.db import connections
 
 if TYPE_CHECKING:
     from pikku_django.leases import KeepAlive
@@ -53,6 +55,9 @@ class Keeper:
             if len(self._due) > 64 and len(self._due) > 4 * len(self._kept):
                 self._due = [entry for entry in self._due if entry[2] in self._kept]
                 heapq.heapify(self._due)
+            if not self._kept:
+                # Let the keeper see it is idle (and let go of its connection).
+                self._cond.notify_all()
 
     def _next(self) -> KeepAlive:
         with self._cond:
@@ -60,6 +65,9 @@ class Keeper:
                 while self._due and self._due[0][2] not in self._kept:
                     heapq.heappop(self._due)
                 if not self._due:
+                    # Idle: hold no database connection while nothing is kept.
+                    for conn in connections.all(initialized_only=True):
+                        conn.close()
                     self._cond.wait()
                     continue
                 wait = self._due[0][0] - time.monotonic()

@@ -8,7 +8,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
@@ -36,7 +36,12 @@ def refresh_connections() -> None:
     for conn in opened:
         # close_at is when CONN_MAX_AGE would retire the connection; a worker's never retires.
         conn.close_at = None
-        conn.close_if_unusable_or_obsolete()
+        try:
+            conn.close_if_unusable_or_obsolete()
+        except DatabaseError:
+            # Closing a connection the driver already knows dead may raise;
+            # Django has let go of it all the same, and the next query reconnects.
+            logger.debug("Closing a broken connection raised.", exc_info=True)
 
 
 class Worker:
