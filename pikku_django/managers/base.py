@@ -101,7 +101,7 @@ def _preparing_cursor_class() -> type[Any]:
                 conn.prepare_threshold = threshold
                 # What Django's query log shows (it reads ``_query``, which
                 # psycopg leaves unset for a prepared statement).
-                self._query = _Shown(query)
+                self._query = _Shown(query)  # type: ignore[assignment]
 
     return PreparingCursor
 
