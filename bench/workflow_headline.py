@@ -50,7 +50,9 @@ class CommitCounter:
     ) -> Any:
         self.statements += 1
         words = sql_text.lstrip().upper()
-        if words.startswith(("START TRANSACTION", "BEGIN")):
+        if words.startswith("START TRANSACTION") and words.rstrip().endswith("COMMIT"):
+            self.commits += 1  # a whole transaction in one round trip (MySQL/MariaDB)
+        elif words.startswith(("START TRANSACTION", "BEGIN")):
             self._explicit = True
         elif words.startswith(("COMMIT", "ROLLBACK")):
             self.commits += int(words.startswith("COMMIT") and self._explicit)

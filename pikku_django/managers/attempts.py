@@ -63,6 +63,42 @@ def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[No
     cursor.execute(sql.statement("transaction_commit", connection))
 
 
+def batch(
+    connection: BaseDatabaseWrapper, cursor: Any, names: list[str], params: dict[str, Any]
+) -> list[Any]:
+    """
+    MySQL/MariaDB: the statements ``names`` in one transaction and one round
+    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``).
+    Returns each statement's (rows matched, LAST_INSERT_ID, rows, description).
+    An error stops
+    the server at that statement, and the transaction is rolled back.
+    """
+    texts = [sql.statement(name, connection) for name in names]
+    explicit = connection.get_autocommit() and not connection.in_atomic_block
+    if explicit:
+        texts = [sql.statement("transaction_begin", connection), *texts]
+        texts.append(sql.statement("transaction_commit", connection))
+    results = []
+
+    def result() -> tuple[Any, ...]:
+        rows = cursor.fetchall() if cursor.description else None
+        return (cursor.rowcount, cursor.lastrowid, rows, cursor.description)
+
+    try:
+        cursor.execute(";\n".join(text.strip() for text in texts), params)
+        results.append(result())
+        with connection.wrap_database_errors:
+            while cursor.nextset():
+                results.append(result())
+    except BaseException:
+        if explicit:
+            # A broken connection has rolled back on the server already.
+            with suppress(Exception):
+                cursor.execute(sql.statement("transaction_rollback", connection))
+        raise
+    return results[1:-1] if explicit else results
+
+
 class StepAttemptsMixin:
     """The fast path of ``WorkflowStepManager`` (see the module docstring)."""
 
@@ -126,17 +162,20 @@ class StepAttemptsMixin:
             # The step and its attempt row are one statement (sql.POSTGRESQL_STEP_START).
             cursor.execute(text, params)
             return cursor.fetchone() is not None
+        if connection.vendor == "mysql":
+            # The step and its attempt row in one transaction and one round trip;
+            # a duplicate (run, step name) stops it at the step row.
+            try:
+                batch(connection, cursor, ["step_start", "step_claim_history"], {**params, "attempt": 1})
+            except IntegrityError:
+                return False
+            return True
         history = sql.statement("step_claim_history", connection)
-        try:
-            with one_transaction(connection, cursor):
-                cursor.execute(text, params)
-                if connection.vendor == "sqlite" and cursor.fetchone() is None:
-                    raise _Exists
-                cursor.execute(
-                    history, {"step_id": params["step_id"], "attempt": 1, **now_params(connection)}
-                )
-        except (_Exists, IntegrityError):
-            return False
+        with one_transaction(connection, cursor):
+            cursor.execute(text, params)
+            if cursor.fetchone() is None:
+                return False
+            cursor.execute(history, {"step_id": params["step_id"], "attempt": 1, **now_params(connection)})
         return True
 
     def claim_attempt(self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int) -> int | None:
@@ -173,12 +212,13 @@ class StepAttemptsMixin:
                             history, {"step_id": row[0], "attempt": attempt, **now_params(connection)}
                         )
             else:
-                with one_transaction(connection, cursor):
-                    cursor.execute(text, params)
-                    if cursor.rowcount == 1:
-                        # Rows matched (CLIENT.FOUND_ROWS); the attempt rides in LAST_INSERT_ID.
-                        attempt = int(cursor.lastrowid)
-                        cursor.execute(sql.statement("step_claim_attempt_history", connection), params)
+                # The claim and its history row in one transaction and one round trip.
+                _, (matched, claimed, _, _), _ = batch(
+                    connection, cursor, ["mark", "step_claim_attempt", "step_claim_attempt_history"], params
+                )
+                if matched == 1:
+                    # Rows matched (CLIENT.FOUND_ROWS); the attempt rides in LAST_INSERT_ID.
+                    attempt = int(claimed)
         if attempt is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
         return attempt
@@ -215,6 +255,12 @@ class StepAttemptsMixin:
                 # The fenced UPDATE and the history row are one statement.
                 cursor.execute(text, params)
                 written = cursor.fetchone() is not None
+            elif connection.vendor == "mysql":
+                # The fenced UPDATE and its history row in one transaction and one round trip.
+                _, (matched, *_), _ = batch(
+                    connection, cursor, ["mark", "step_finish", "step_finish_history"], params
+                )
+                written = matched == 1
             else:
                 try:
                     with one_transaction(connection, cursor):
@@ -229,7 +275,3 @@ class StepAttemptsMixin:
         if not written:
             raise StepSupersededError(step_id, attempt)
         return None if result_text is None else json.loads(result_text)
-
-
-class _Exists(Exception):
-    """The step to insert exists already."""

@@ -18,7 +18,7 @@ from pikku_django.errors import (
     StepLeaseExpiredError,
     StepSupersededError,
 )
-from pikku_django.managers.attempts import StepAttemptsMixin, one_transaction
+from pikku_django.managers.attempts import StepAttemptsMixin, batch, one_transaction
 from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
 
 if TYPE_CHECKING:
@@ -123,6 +123,12 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                 # One statement, atomic on its own: a transaction around it would
                 # only add a BEGIN and a COMMIT round trip.
                 step = self._claim(connection, cursor, params)
+            elif connection.vendor == "mysql":
+                # The claim, its read-back and its history row in one transaction
+                # and one round trip (sql.MYSQL_MARK).
+                names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
+                _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params)
+                step = self._from_row(alias, description, rows[0]) if rows else None
             else:
                 with one_transaction(connection, cursor):
                     step = self._claim(connection, cursor, params)

@@ -79,13 +79,31 @@ MYSQL_STEP_CLAIM_ATTEMPT = MYSQL_STEP_CLAIM.replace(
 assert MYSQL_STEP_CLAIM_ATTEMPT != MYSQL_STEP_CLAIM
 
 #: The claimed attempt's history row, taken from the step row this
-#: transaction has just claimed and still holds locked.
+#: transaction has just claimed and still holds locked. It is sent in the same
+#: round trip as the claim (see ``MYSQL_MARK``), so it writes only when the
+#: claim's LAST_INSERT_ID carries the attempt it claimed.
 MYSQL_STEP_CLAIM_ATTEMPT_HISTORY = """
 INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `created_at`, `running_at`)
 SELECT s.`id`, s.`attempt`, 'running', {now_dt}, {now_dt} FROM {step} AS s
-WHERE s.`run_id` = %(run_id)s AND s.`step_name` = %(step_name)s
+WHERE s.`run_id` = %(run_id)s AND s.`step_name` = %(step_name)s AND s.`status` = 'running'
+    AND s.`attempt` = LAST_INSERT_ID()
 ON DUPLICATE KEY UPDATE {attempt}.`status` = 'running', {attempt}.`running_at` = {now_dt}
 """
+
+#: The step as the claim left it, read in the claim's own round trip, under
+#: the row lock the claim holds: a row only when the claim matched.
+MYSQL_STEP_CLAIMED = """
+SELECT * FROM {step}
+WHERE `run_id` = %(run_id)s AND `step_name` = %(step_name)s AND `status` = 'running'
+    AND `attempt` = LAST_INSERT_ID()
+"""
+
+#: MySQL/MariaDB send a step write's statements in one round trip (mysqlclient
+#: enables multi-statements): ``START TRANSACTION``, the guarded write, its
+#: history row, ``COMMIT``. The history row cannot wait for the client to read
+#: the guard's outcome, so the guard leaves it in LAST_INSERT_ID, reset here
+#: first (0 is no attempt), and the history statement writes only on a match.
+MYSQL_MARK = "DO LAST_INSERT_ID(0)"
 
 #: An attempt's outcome, fenced to it: only while the step is still running
 #: as this attempt does the UPDATE match, and only then is the history row
@@ -123,7 +141,7 @@ WHERE "id" = %(step_id)s AND "status" = 'running' AND "attempt" = %(attempt)s
 
 MYSQL_STEP_FINISH = """
 UPDATE {step} SET `status` = %(status)s, `result` = %(result)s, `error` = %(error)s,
-    `lease_expires_at` = NULL, `updated_at` = {now_dt}
+    `lease_expires_at` = NULL, `updated_at` = {now_dt}, `attempt` = LAST_INSERT_ID(`attempt`)
 WHERE `id` = %(step_id)s AND `status` = 'running' AND `attempt` = %(attempt)s
 """
 
@@ -138,18 +156,21 @@ ON CONFLICT ("step_id", "attempt") DO UPDATE SET "status" = excluded."status",
     "failed_at" = COALESCE(excluded."failed_at", "failed_at")
 """
 
+#: Written only when the fenced UPDATE matched (its LAST_INSERT_ID, see ``MYSQL_MARK``).
 MYSQL_STEP_FINISH_HISTORY = """
 INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `result`, `error`, `created_at`,
     `succeeded_at`, `failed_at`)
-VALUES (%(step_id)s, %(attempt)s, %(status)s, %(result)s, %(error)s, {now_dt},
-    CASE WHEN %(status)s = 'succeeded' THEN {now_dt} END, CASE WHEN %(status)s = 'failed' THEN {now_dt} END)
+SELECT %(step_id)s, %(attempt)s, %(status)s, %(result)s, %(error)s, {now_dt},
+    CASE WHEN %(status)s = 'succeeded' THEN {now_dt} END, CASE WHEN %(status)s = 'failed' THEN {now_dt} END
+FROM DUAL WHERE LAST_INSERT_ID() = %(attempt)s
 ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`),
     `error` = VALUES(`error`), `succeeded_at` = COALESCE(VALUES(`succeeded_at`), `succeeded_at`),
     `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
 """
 
-#: MySQL/MariaDB open the transaction of a two-statement write in one round
-#: trip (Django's ``atomic()`` spends two: ``SET autocommit`` off, then on).
+#: MySQL/MariaDB open and close the transaction of a step write inside its
+#: one round trip (Django's ``atomic()`` spends four: ``SET autocommit`` off,
+#: then COMMIT and ``SET autocommit`` on, each its own).
 TRANSACTION_BEGIN = "START TRANSACTION"
 TRANSACTION_COMMIT = "COMMIT"
 TRANSACTION_ROLLBACK = "ROLLBACK"
@@ -167,12 +188,14 @@ ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "mysql": MYSQL_STEP_CLAIM_ATTEMPT,
     },
     "step_claim_attempt_history": {"mysql": MYSQL_STEP_CLAIM_ATTEMPT_HISTORY},
+    "step_claimed": {"mysql": MYSQL_STEP_CLAIMED},
     "step_finish": {
         "postgresql": POSTGRESQL_STEP_FINISH,
         "sqlite": SQLITE_STEP_FINISH,
         "mysql": MYSQL_STEP_FINISH,
     },
     "step_finish_history": {"sqlite": SQLITE_STEP_FINISH_HISTORY, "mysql": MYSQL_STEP_FINISH_HISTORY},
+    "mark": {"mysql": MYSQL_MARK},
     "transaction_begin": {"mysql": TRANSACTION_BEGIN},
     "transaction_commit": {"mysql": TRANSACTION_COMMIT},
     "transaction_rollback": {"mysql": TRANSACTION_ROLLBACK},
