@@ -190,12 +190,12 @@ LEASE_REFRESH = "run lease: refresh"
 LEASE_RELEASE = "run lease: release"
 CLAIM = "step claim"
 STEP_REFRESH = "step lease: refresh"
-INSERT = "insert_step"
-RECORD = "record_result / record_error"
+INSERT = "start_step (insert claimed)"
+RECORD = "finish_attempt (outcome)"
 WORKER = "worker loop: due query + take"
 BODY = "step body (StepCall row)"
 BOOKKEEPING = "pass bookkeeping (PassRecord row)"
-CONNECT = "connect (CONN_MAX_AGE=0)"
+CONNECT = "connect"
 OTHER = "other (run/step reads, run update, clock)"
 LEASE_AND_CLAIM = (LEASE_ACQUIRE, LEASE_REFRESH, LEASE_RELEASE, CLAIM, STEP_REFRESH)
 ORDER = [
@@ -291,6 +291,9 @@ def patched(profile: Profile) -> Iterator[None]:
         (LeaseManager, "refresh", LEASE_REFRESH),
         (LeaseManager, "release", LEASE_RELEASE),
         (WorkflowStepManager, "claim", CLAIM),
+        (WorkflowStepManager, "claim_attempt", CLAIM),
+        (WorkflowStepManager, "start_step", INSERT),
+        (WorkflowStepManager, "finish_attempt", RECORD),
         (WorkflowStepManager, "refresh_lease", STEP_REFRESH),
         (WorkflowStepManager, "insert_step", INSERT),
         (WorkflowStepManager, "record_result", RECORD),
@@ -403,7 +406,7 @@ def profile_table(profile: Profile, wall: float, runs: int) -> list[str]:
         f"wall: {wall:.2f} s for {runs} runs x {STEPS} steps = {steps / wall:.0f} steps/s in one process; "
         f"run lease acquires {profile.calls.get(LEASE_ACQUIRE, 0)}, claims {profile.calls.get(CLAIM, 0)}, "
         f"refreshes {profile.calls.get(LEASE_REFRESH, 0) + profile.calls.get(STEP_REFRESH, 0)} "
-        f"(renewals run on their own threads and connections every ttl/3: "
+        f"(renewals run on their own threads and connections every ttl/3, a step's on the keeper: "
         f"{conf.LEASE_TTL_MS / 3000:g} s for the run lease, {conf.STEP_LEASE_MS / 3000:g} s for a step; "
         f"none falls inside a pass this short, and they are not on this connection)"
     )
