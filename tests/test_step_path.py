@@ -229,6 +229,40 @@ class PreparedStatementTests(TransactionTestCase):
         assert steps.get(pk=step.pk).status == "succeeded"
 
 
+@skipUnless(connection.vendor == "mysql", "multi-statements are a mysqlclient option")
+class MultiStatementsOffTests(TransactionTestCase):
+    def test_the_same_transactions_a_statement_at_a_time(self) -> None:
+        settings = connection.settings_dict["OPTIONS"]
+        saved = dict(settings)
+
+        def restore() -> None:
+            connection.close()
+            settings.clear()
+            settings.update(saved)
+
+        connection.close()
+        settings["multi_statements"] = False
+        self.addCleanup(restore)
+        counts = {}
+        for steps in (0, 3):
+            run = start_workflow("test.noop", {"steps": steps})
+            counts[steps] = drive_counted(run.pk)
+        # START TRANSACTION, LAST_INSERT_ID reset (claims and outcomes only), two writes, COMMIT.
+        assert (counts[3].statements - counts[0].statements) / 3 == 9
+        assert (counts[3].commits - counts[0].commits) / 3 == 2
+        run = make_run()
+        step = WorkflowStep.objects.start_step(run.pk, "charge", "shop.charge", LEASE)
+        assert step is not None
+        assert WorkflowStep.objects.claim_attempt(run.pk, "charge", "shop.charge", LEASE) is None
+        lapse_step(step)
+        assert WorkflowStep.objects.claim(run.pk, "charge", "shop.charge", LEASE).attempt == 2
+        with pytest.raises(StepSupersededError):
+            WorkflowStep.objects.finish_attempt(step.pk, 1, result=1)
+        assert WorkflowStep.objects.finish_attempt(step.pk, 2, result=2) == 2
+        statuses = dict(WorkflowStepAttempt.objects.filter(step=step).values_list("attempt", "status"))
+        assert statuses == {1: "running", 2: "succeeded"}
+
+
 class KeeperTests(TransactionTestCase):
     def step(self, lease_ms: int) -> WorkflowStep:
         step = WorkflowStep.objects.start_step(make_run().pk, "charge", "shop.charge", lease_ms)

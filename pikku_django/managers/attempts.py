@@ -74,16 +74,23 @@ def batch(
     the server at that statement, and the transaction is rolled back.
     """
     texts = [sql.statement(name, connection) for name in names]
-    explicit = connection.get_autocommit() and not connection.in_atomic_block
-    if explicit:
-        texts = [sql.statement("transaction_begin", connection), *texts]
-        texts.append(sql.statement("transaction_commit", connection))
     results = []
 
     def result() -> tuple[Any, ...]:
         rows = cursor.fetchall() if cursor.description else None
         return (cursor.rowcount, cursor.lastrowid, rows, cursor.description)
 
+    if not connection.settings_dict["OPTIONS"].get("multi_statements", True):
+        # The project turned multi-statements off: the same transaction, a statement at a time.
+        with one_transaction(connection, cursor):
+            for text in texts:
+                cursor.execute(text, params)
+                results.append(result())
+        return results
+    explicit = connection.get_autocommit() and not connection.in_atomic_block
+    if explicit:
+        texts = [sql.statement("transaction_begin", connection), *texts]
+        texts.append(sql.statement("transaction_commit", connection))
     try:
         cursor.execute(";\n".join(text.strip() for text in texts), params)
         results.append(result())
