@@ -93,7 +93,7 @@ ON DUPLICATE KEY UPDATE {attempt}.`status` = 'running', {attempt}.`running_at` =
 #: The step as the claim left it, read in the claim's own round trip, under
 #: the row lock the claim holds: a row only when the claim matched.
 MYSQL_STEP_CLAIMED = """
-SELECT * FROM {step}
+SELECT {step_columns} FROM {step}
 WHERE `run_id` = %(run_id)s AND `step_name` = %(step_name)s AND `status` = 'running'
     AND `attempt` = LAST_INSERT_ID()
 """
