@@ -13,7 +13,7 @@ ARGS ?=
 # need one to exist.
 venv:
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[test,dev]' 'Django>=5.2,<6'
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[test,dev,mysql]' 'Django>=5.2,<6'
 
 $(PY):
 	$(MAKE) venv

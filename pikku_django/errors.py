@@ -97,10 +97,10 @@ class StepFunctionMismatchError(PikkuError):
 class WorkflowNotFoundError(InvalidArgumentError, LookupError):
     """No workflow is registered under this name."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, argument: str = "name") -> None:
         self.name = name
         super().__init__(
-            f"name: no workflow is registered as {name!r}. Define it with "
+            f"{argument}: no workflow is registered as {name!r}. Define it with "
             f"@workflow({name!r}) in a workflows.py module of an installed app."
         )
 
@@ -118,3 +118,38 @@ class StepFailedError(PikkuError):
         self.error = error or {}
         message = self.error.get("message", "unknown error")
         super().__init__(f"Step {step_name!r} failed on its last attempt ({attempts}): {message}")
+
+
+class SignalTimeoutError(PikkuError):
+    """A ``ctx.wait_for_signal`` waited longer than its ``timeout_ms`` on the database clock."""
+
+    def __init__(self, signal: str, timeout_ms: int) -> None:
+        self.signal = signal
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            f"No signal {signal!r} arrived within {timeout_ms} ms; catch SignalTimeoutError "
+            "in the workflow to go on without it."
+        )
+
+
+class WorkflowCancelledError(PikkuError):
+    """The run was cancelled: whatever this code does for it now will be refused."""
+
+    def __init__(self, run_id: object) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"Workflow run {run_id} was cancelled; its steps' results are refused and no later step starts."
+        )
+
+
+class WorkflowTimeoutError(PikkuError):
+    """The run was still unfinished at its deadline (``start_workflow(timeout_ms=...)``)."""
+
+    def __init__(self, run_id: object, timeout_ms: int | None = None) -> None:
+        self.run_id = run_id
+        self.timeout_ms = timeout_ms
+        after = f" of {timeout_ms} ms" if timeout_ms is not None else ""
+        super().__init__(
+            f"Workflow run {run_id} passed its deadline{after} on the database clock unfinished; "
+            "it is failed and its children cancelled. Give it a longer timeout_ms if it needs one."
+        )

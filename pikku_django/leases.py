@@ -17,6 +17,7 @@ from pikku_django import validate
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError, LeaseTakenError
 from pikku_django.models import Lease
+from pikku_django.outages import drop_connections
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class KeepAlive:
         self.using = using
         self.lost = threading.Event()
         self._stop = threading.Event()
+        self._failing = False
         # The lease was granted no earlier than now, so it lasts at least
         # until ``_valid_until`` on the monotonic clock.
         self._valid_until = time.monotonic() + ttl_ms / 1000
@@ -85,10 +87,13 @@ class KeepAlive:
         sent = time.monotonic()
         try:
             renewed = self.renew()
-        except Exception:
-            logger.warning("Renewing %s failed; will retry.", self.name, exc_info=True)
+        except Exception as error:
+            # Logged once per run of failures (an outage), not at every try.
+            if not self._failing:
+                logger.warning("Renewing %s failed (%r); will retry.", self.name, error)
+            self._failing = True
             # The failed connection may be broken: reconnect on the next try.
-            connections[self.using].close()
+            drop_connections()
             if time.monotonic() >= self._valid_until:
                 logger.error("%s lapsed while renewals kept failing.", self.name)
                 self.lost.set()
@@ -98,6 +103,9 @@ class KeepAlive:
             logger.warning("%s was lost.", self.name)
             self.lost.set()
             return False
+        if self._failing:
+            logger.warning("Renewing %s works again.", self.name)
+            self._failing = False
         self._valid_until = sent + self.ttl_ms / 1000
         return True
 
@@ -155,7 +163,9 @@ def hold_lease(
     """
     Hold ``key`` while the body runs, renewing every ttl/3. Raises
     ``LeaseTakenError`` at once if someone else holds it, and
-    ``LeaseLostError`` on exit if the lease was lost while the body ran.
+    ``LeaseLostError`` on exit if the lease was lost while the body ran: found
+    lost by a renewal, or by the release on exit (which is the last check, so a
+    lease lost before any renewal ran is caught too).
     """
     ttl = validate.positive_ms("ttl_ms", conf.LEASE_TTL_MS if ttl_ms is None else ttl_ms)
     holder = default_holder() if holder is None else holder
@@ -167,13 +177,33 @@ def hold_lease(
     renewal.start()
     try:
         yield HeldLease(renewal)
-    finally:
-        renewal.stop()
-        if not renewal.lost.is_set():
-            try:
-                Lease.objects.db_manager(alias).release(renewal.lease)
-            except Exception:
-                # It lapses on its own at expires_at; nothing is lost.
-                logger.warning("Releasing lease %r failed; it will lapse.", key, exc_info=True)
-    if renewal.lost.is_set():
+    except BaseException as error:
+        if not _end(renewal, alias):
+            # The body's own exception goes on; the loss rides along with it.
+            lost = LeaseLostError(key, renewal.lease.token)
+            logger.warning("%s (the body raised %r)", lost, error)
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(str(lost))
+        raise
+    if not _end(renewal, alias):
         raise LeaseLostError(key, renewal.lease.token)
+
+
+def _end(renewal: LeaseRenewal, alias: str) -> bool:
+    """
+    Stop renewing and release the lease. True if it was held to the end: no
+    renewal found it lost and the release found it still ours and live.
+    """
+    renewal.stop()
+    if renewal.lost.is_set():
+        return False
+    try:
+        released = Lease.objects.db_manager(alias).release(renewal.lease)
+    except Exception:
+        # Unknown, not lost: it lapses on its own at expires_at.
+        logger.warning("Releasing %s failed; it will lapse.", renewal.name, exc_info=True)
+        return True
+    if not released:
+        logger.warning("%s was lost: it had lapsed or passed to another holder by the release.", renewal.name)
+        renewal.lost.set()
+    return released

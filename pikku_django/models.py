@@ -10,7 +10,7 @@ from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.managers import LeaseManager, WorkflowRunManager, WorkflowStepManager
+from pikku_django.managers import LeaseManager, WorkflowRunManager, WorkflowSignalManager, WorkflowStepManager
 
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
@@ -116,6 +116,19 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text="Epoch ms on the database clock before which no sweep wakes it again.",
     )
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        help_text="The run whose ctx.workflow() started this one.",
+    )
+    # Unique, so two starts racing with one key insert one row (NULLs never clash).
+    idempotency_key = ExactCharField(max_length=255, null=True, blank=True, unique=True)
+    deadline_at = models.BigIntegerField(
+        null=True, blank=True, help_text="Epoch ms on the database clock after which the run times out."
+    )
 
     objects = WorkflowRunManager()
 
@@ -130,6 +143,8 @@ class WorkflowRun(models.Model):
             # The admin's newest-first list and its workflow filter.
             models.Index(fields=["created_at"], name="pikku_run_created_idx"),
             models.Index(fields=["workflow"], name="pikku_run_workflow_idx"),
+            # The sweep's "past its deadline" query.
+            models.Index(fields=["status", "deadline_at"], name="pikku_run_status_deadline_idx"),
         ]
 
     def __str__(self) -> str:
@@ -143,6 +158,13 @@ class WorkflowRun(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+    @property
+    def deadline(self) -> datetime.datetime | None:
+        """``deadline_at`` as an aware UTC datetime, or None."""
+        if self.deadline_at is None:
+            return None
+        return datetime.datetime.fromtimestamp(self.deadline_at / 1000, tz=datetime.timezone.utc)
 
 
 class WorkflowStep(models.Model):
@@ -224,3 +246,33 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+
+class WorkflowSignal(models.Model):
+    """
+    A signal sent to a run: kept until a ``ctx.wait_for_signal(name)`` of the
+    run consumes it. ``consumed_by`` is the wait step that took it (one signal
+    per step, one step per signal), so a replay returns the same payload.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals", db_index=False)
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    sent_at = models.BigIntegerField(help_text="Epoch ms on the database clock.")
+    consumed_by = models.OneToOneField(
+        WorkflowStep, null=True, blank=True, on_delete=models.SET_NULL, related_name="signal"
+    )
+    consumed_at = models.BigIntegerField(null=True, blank=True, help_text="Epoch ms on the database clock.")
+
+    objects = WorkflowSignalManager()
+
+    class Meta:
+        db_table = "pikku_workflow_signal"
+        ordering = ["sent_at", "id"]
+        indexes = [
+            # A wait's "oldest unconsumed signal of this name" probe; also the run FK's index.
+            models.Index(fields=["run", "name", "sent_at"], name="pikku_signal_run_name_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"signal {self.name!r} to {self.run_id}"

@@ -1,6 +1,7 @@
 """
-One sweep pass: fail steps that lost their worker on their last attempt, wake
-runs that need a worker, and prune dead lease rows. Every write is a guarded
+One sweep pass: fail steps that lost their worker on their last attempt, time
+out runs past their deadline, wake runs that need a worker, and prune dead
+lease rows. Every write is a guarded
 statement, so sweeps on many nodes at once do no double work and no harm.
 """
 
@@ -19,6 +20,7 @@ from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
+from pikku_django.managers.lifecycle import time_out_runs
 from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class SweepReport:
 
     dry_run: bool = False
     failed_steps: int = 0
+    timed_out_runs: int = 0
     lapsed_runs: int = 0
     stalled_runs: int = 0
     undispatched_runs: int = 0
@@ -51,7 +54,8 @@ class SweepReport:
     def summary(self) -> str:
         verb = "would" if self.dry_run else "did"
         return (
-            f"Sweep ({verb}): failed {self.failed_steps} spent steps; woke {self.woken_runs} runs "
+            f"Sweep ({verb}): failed {self.failed_steps} spent steps; "
+            f"timed out {self.timed_out_runs} runs past their deadline; woke {self.woken_runs} runs "
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
             f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
@@ -77,6 +81,7 @@ def sweep(
     report = SweepReport(dry_run=dry_run)
 
     _fail_spent_steps(report, limit, alias)
+    _time_out_runs(report, limit, alias)
 
     runs = WorkflowRun.objects.db_manager(alias)
     steps = WorkflowStep.objects.db_manager(alias)
@@ -89,10 +94,16 @@ def sweep(
     lapsed = set(lapsed_steps.values_list("run_id", flat=True)[:limit])
     if lapsed and not dry_run:
         _free_run_leases(lapsed, alias)
-    stalled = set(runs.stalled(idle_ms, limit))
+    # Stalled and undispatched runs that are due in the ordinary way are only
+    # waiting for a free worker, and are left in their turn: waking them too
+    # (wake_at 0) would put them level with the runs that lost their worker,
+    # and a backlog older than the stalled window would hold every recovered
+    # run back.
+    stuck = runs.get_queryset().idle(idle_ms).not_queued()
+    stalled = set(stuck.order_by("updated_at").values_list("pk", flat=True)[:limit])
     pending = steps.filter(
         status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
-    )
+    ).filter(run__in=runs.get_queryset().not_queued())
     undispatched = set(pending.values_list("run_id", flat=True)[:limit])
     report.lapsed_runs, report.stalled_runs, report.undispatched_runs = (
         len(lapsed),
@@ -131,6 +142,17 @@ def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:
         return
     manager = WorkflowStep.objects.db_manager(alias)
     report.failed_steps = sum(manager.fail_lost(step) for step in spent)
+
+
+def _time_out_runs(report: SweepReport, limit: int, alias: str) -> None:
+    """
+    Runs past their deadline, whatever they are doing (sleeping, waiting for a
+    signal or a child, stalled, or running a step): failed with
+    ``WorkflowTimeoutError``, children cancelled, running steps fenced out.
+    """
+    late = WorkflowRun.objects.db_manager(alias).get_queryset().timed_out()
+    ids = list(late.order_by("deadline_at").values_list("pk", flat=True)[:limit])
+    report.timed_out_runs = len(ids) if report.dry_run else time_out_runs(alias, ids)
 
 
 def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:

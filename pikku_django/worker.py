@@ -14,7 +14,9 @@ from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.leases import default_holder
+from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.models import WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class Worker:
         self.using = using
         self.stopping = threading.Event()
         self.passes = 0
+        self.outage = Outage(f"Worker {self.holder}")
         self._signals = 0
 
     # -- signals --------------------------------------------------------------
@@ -95,7 +98,15 @@ class Worker:
         """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
         logger.info("Worker %s started.", self.holder)
         while not self.stopping.is_set():
-            took = self.run_batch()
+            try:
+                took = self.run_batch()
+            except OUTAGE_ERRORS as error:
+                # The database went away (a restart, a failover): wait it out,
+                # never exit. A step in hand was either recorded or is taken
+                # again as a new attempt once its lease lapses.
+                self.stopping.wait(self.outage.failed(error))
+                continue
+            self.outage.succeeded()
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
             if not took:
@@ -107,24 +118,34 @@ class Worker:
         return self.passes
 
     def run_batch(self) -> int:
-        """Take and drive up to ``batch`` due runs; returns how many were taken."""
+        """Take and drive up to ``batch`` due runs, one at a time; returns how many were taken."""
         refresh_connections()
-        runs = WorkflowRun.objects.db_manager(self.using)
-        # The whole row: a take that wins proves it still reads so (running,
-        # this wake_at), and the pass needs nothing else, so it reads no run.
-        due = list(runs.due().order_by("wake_at")[: self.batch])
         took = 0
-        for run in due:
-            if self.stopping.is_set():
-                break
+        while took < self.batch and not self.stopping.is_set():
             if self.max_runs is not None and self.passes >= self.max_runs:
                 break
-            if not self.take(run.pk, run.wake_at):
-                continue
+            run = self.take_next()
+            if run is None:
+                break
             took += 1
             self.drive(run)
             refresh_connections()
         return took
+
+    def take_next(self) -> WorkflowRun | None:
+        """
+        Take the first due run no other worker takes first; None when nothing
+        is due. Looked up afresh before every pass, so a run woken out of turn
+        (``wake_at`` 0: its step lost its worker, or the admin woke it) is
+        driven next, ahead of a backlog of runs that are only waiting their turn.
+        The due query reads whole rows: a take that wins proves the row still
+        reads so (active, this ``wake_at``), so the pass reads no run of its own.
+        """
+        runs = WorkflowRun.objects.db_manager(self.using)
+        for run in runs.due().order_by("wake_at")[: self.batch]:
+            if self.take(run.pk, run.wake_at):
+                return run
+        return None
 
     def take(self, run_id: Any, wake_at: int | None) -> bool:
         """
@@ -135,18 +156,22 @@ class Worker:
         """
         runs = WorkflowRun.objects.db_manager(self.using)
         return bool(
-            runs.filter(pk=run_id, status="running", wake_at=wake_at).update(
+            runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
                 wake_at=DbNowMs() + conf.LEASE_TTL_MS
             )
         )
 
     def drive(self, run: WorkflowRun) -> None:
         self.passes += 1
+        run_id = run.pk
         try:
             run = drive_run(run, holder=self.holder, stop=self.stopping)
+        except OUTAGE_ERRORS:
+            # The loop waits the outage out; the run is due again when its lease lapses.
+            raise
         except Exception:
-            # One run's failure to be driven (say, the database blinked) must
-            # not stop the worker; the run is due again when its lease lapses.
-            logger.exception("Driving run %s failed.", run.pk)
+            # One run's failure to be driven must not stop the worker; the run
+            # is due again when its lease lapses.
+            logger.exception("Driving run %s failed.", run_id)
             return
         logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

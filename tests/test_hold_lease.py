@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -139,9 +140,9 @@ class HoldLeaseTests(TransactionTestCase):
             order.append("renew-end")
             return result
 
-        def release(self: LeaseManager, lease: Lease) -> None:
+        def release(self: LeaseManager, lease: Lease) -> bool:
             order.append("release")
-            real_release(self, lease)
+            return real_release(self, lease)
 
         with patch_refresh(slow), mock.patch.object(LeaseManager, "release", release):
             with hold_lease("k", ttl_ms=3_000) as held:
@@ -150,6 +151,46 @@ class HoldLeaseTests(TransactionTestCase):
             assert order[:3] == ["renew-start", "renew-end", "release"]
             assert not held.lost.is_set()
         assert Lease.objects.current("k") is None
+
+    def test_released_and_retaken_before_any_renewal_raises_on_exit(self) -> None:
+        # An hour-long ttl: no renewal runs while the body does, so only the
+        # release on exit can notice that the lease changed hands.
+        renewals: list[int] = []
+
+        def counting(real: Any, self: LeaseManager, lease: Lease, ttl_ms: int) -> Lease | None:
+            renewals.append(1)
+            return real(self, lease, ttl_ms)
+
+        with (
+            patch_refresh(counting),
+            pytest.raises(LeaseLostError) as info,
+            hold_lease("k", ttl_ms=3_600_000, holder="me") as held,
+        ):
+            assert Lease.objects.release(held.lease) is True
+            thief = Lease.objects.acquire("k", "thief", 3_600_000)
+            assert thief is not None and thief.token == 2
+        assert (info.value.key, info.value.token) == ("k", 1)
+        assert renewals == []
+        assert held.lost.is_set()
+        # The thief's lease is untouched by our exit.
+        assert Lease.objects.current("k") == thief
+
+    def test_lapsed_untaken_before_any_renewal_raises_on_exit(self) -> None:
+        with pytest.raises(LeaseLostError) as info, hold_lease("k", ttl_ms=3_600_000, holder="me"):
+            lapse("k", ago_ms=1_000)
+        assert info.value.token == 1
+        row = Lease.objects.get(key="k")
+        assert (row.holder, row.token) == ("me", 1)
+        assert row.expires_at <= Lease.objects.db_now_ms()
+
+    def test_body_exception_is_kept_when_the_lease_was_lost_too(self) -> None:
+        with pytest.raises(ZeroDivisionError) as info, hold_lease("k", ttl_ms=3_600_000, holder="me"):
+            lapse("k", ago_ms=1_000)
+            Lease.objects.acquire("k", "thief", 60_000)
+            1 / 0  # noqa: B018
+        if sys.version_info >= (3, 11):
+            assert any("was lost while its body ran" in note for note in info.value.__notes__)
+        assert Lease.objects.current("k").holder == "thief"
 
     def test_renewal_thread_closes_its_connection(self) -> None:
         seen: list[Any] = []

@@ -60,7 +60,7 @@ class LeaseContractTests(TestCase):
 
     def test_release_lapses_and_next_holder_gets_higher_token(self) -> None:
         lease = Lease.objects.acquire("k", "a", TTL)
-        Lease.objects.release(lease)
+        assert Lease.objects.release(lease) is True
         assert Lease.objects.current("k") is None
         row = Lease.objects.get(key="k")
         assert row.token == 1 and row.expires_at <= Lease.objects.db_now_ms()
@@ -71,7 +71,7 @@ class LeaseContractTests(TestCase):
         old = Lease.objects.acquire("k", "a", TTL)
         lapse("k")
         new = Lease.objects.acquire("k", "b", TTL)
-        Lease.objects.release(old)
+        assert Lease.objects.release(old) is False
         assert Lease.objects.current("k").token == new.token
         assert Lease.objects.get(key="k").expires_at == new.expires_at
 
@@ -79,9 +79,22 @@ class LeaseContractTests(TestCase):
         old = Lease.objects.acquire("k", "a", TTL)
         lapse("k")
         new = Lease.objects.acquire("k", "a", TTL)
-        Lease.objects.release(old)
+        assert Lease.objects.release(old) is False
         assert Lease.objects.current("k") == new
         assert Lease.objects.get(key="k").expires_at == new.expires_at
+
+    def test_release_of_a_lapsed_lease_says_false_and_changes_nothing(self) -> None:
+        lease = Lease.objects.acquire("k", "a", TTL)
+        lapse("k", ago_ms=5_000)
+        expired_at = Lease.objects.get(key="k").expires_at
+        assert Lease.objects.release(lease) is False
+        assert Lease.objects.get(key="k").expires_at == expired_at
+
+    def test_second_release_says_false(self) -> None:
+        lease = Lease.objects.acquire("k", "a", TTL)
+        assert Lease.objects.release(lease) is True
+        assert Lease.objects.release(lease) is False
+        assert Lease.objects.get(key="k").token == 1
 
     def test_refresh_keeps_token_and_extends_expiry(self) -> None:
         lease = Lease.objects.acquire("k", "a", 1_000)

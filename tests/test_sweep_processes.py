@@ -2,10 +2,9 @@
 Real ``manage.py pikku_sweep`` and ``manage.py pikku_worker`` processes on the
 live test database: a worker SIGKILLed mid-step is recovered by the sweep once
 its step lease lapses (and not before), a step that kills every worker is
-failed by the sweep and its run by the next worker pass, a killed step is
-taken again promptly even behind a backlog of fresh work, two sweeps at once
+failed by the sweep and its run by the next worker pass, two sweeps at once
 wake each stalled run once, and bad options exit 2 while ``--dry-run`` changes
-no row.
+no row. (Recovery behind a backlog: test_recovery_processes.py.)
 
 Every process is bounded in time and killed in tearDown. The tests wait on a
 "ready" or "warm" line, on the database (a poll with a deadline), or on a
@@ -14,250 +13,36 @@ process's exit; never on a fixed sleep. Times are taken on the database clock.
 
 from __future__ import annotations
 
-import datetime
 import json
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db.models import F
-from django.test import TransactionTestCase
 
 from pikku_django.managers import WOKEN
-from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
 from pikku_django.sweep import PRUNE_GRACE_MS
 from pikku_django.workflows import start_workflow
-from testproject.testing.models import PassRecord, StepCall
-from tests.conftest import ROOT, kill_all, lapse, poll_until, read_line, send_line, subprocess_env
+from tests.conftest import lapse, poll_until, subprocess_env
+from tests.processes import (
+    LONG_RUN_LEASE_MS,
+    RECLAIM_WITHIN_S,
+    STEP_LEASE_MS,
+    ProcessTestCase,
+    attempts,
+    calls,
+    epoch_ms,
+    everything,
+    idle_runs,
+    now_ms,
+    rows_of,
+    run_lease_state,
+    running_at,
+    status,
+)
 
 pytestmark = pytest.mark.slow
-
-#: The step lease of the step a worker is killed in.
-STEP_LEASE_MS = 3_000
-#: The workers' run lease ttl: far longer than the step lease, so that a dead
-#: worker's run is not due again on its own soon; only the sweep recovers it.
-LONG_RUN_LEASE_MS = "60000"
-#: A killed step must be taken again within its step lease + the sweep
-#: interval + a few seconds of the kill.
-RECLAIM_WITHIN_S = 10.0
-
-#: ``python -c WARM command args…``: sets Django up, says "warm", then runs
-#: ``manage.py command args…`` once per "go" line on stdin. A command started
-#: this way is ready to run the moment it is told, so two of them run at once
-#: and a check right after a kill is not late by a process start.
-WARM = """
-import importlib, sys
-import django
-django.setup()
-from django.core.management import execute_from_command_line
-importlib.import_module("pikku_django.management.commands." + sys.argv[1])
-print("warm", flush=True)
-for line in sys.stdin:
-    if line.strip() != "go":
-        break
-    execute_from_command_line(["manage.py", *sys.argv[1:]])
-    sys.stdout.flush()
-"""
-
-
-def epoch_ms(value: datetime.datetime) -> int:
-    return int(value.timestamp() * 1000)
-
-
-def now_ms() -> int:
-    return Lease.objects.db_now_ms()
-
-
-def status(run: WorkflowRun) -> str:
-    return WorkflowRun.objects.values_list("status", flat=True).get(pk=run.pk)
-
-
-def calls(run: WorkflowRun, step: str) -> list[int]:
-    """The pids that ran the step's body, in order."""
-    return list(
-        StepCall.objects.filter(run_id=run.pk, step=step)
-        .order_by("at_ms", "pk")
-        .values_list("pid", flat=True)
-    )
-
-
-def attempts(step: WorkflowStep) -> list[tuple[int, str]]:
-    return list(
-        WorkflowStepAttempt.objects.filter(step=step).order_by("attempt").values_list("attempt", "status")
-    )
-
-
-def running_at(step: WorkflowStep, attempt: int) -> datetime.datetime | None:
-    """When ``attempt`` of the step was claimed (DB clock), or None before."""
-    return (
-        WorkflowStepAttempt.objects.filter(step=step, attempt=attempt, running_at__isnull=False)
-        .values_list("running_at", flat=True)
-        .first()
-    )
-
-
-def everything() -> list[list[dict[str, Any]]]:
-    """Every row of every table a sweep could touch, and the test app's."""
-    return [
-        list(model.objects.order_by("pk").values())
-        for model in (
-            Lease,
-            LeaseTokenFloor,
-            WorkflowRun,
-            WorkflowStep,
-            WorkflowStepAttempt,
-            StepCall,
-            PassRecord,
-        )
-    ]
-
-
-def rows_of(run: WorkflowRun) -> list[list[dict[str, Any]]]:
-    """Every row the runtime keeps for ``run``, to prove that nothing changed."""
-    return [
-        list(WorkflowRun.objects.filter(pk=run.pk).values()),
-        list(WorkflowStep.objects.filter(run=run).order_by("step_name").values()),
-        list(
-            WorkflowStepAttempt.objects.filter(step__run=run).order_by("step__step_name", "attempt").values()
-        ),
-        list(StepCall.objects.filter(run_id=run.pk).order_by("pk").values()),
-    ]
-
-
-def run_lease_state(run: WorkflowRun) -> str:
-    """Why a woken run may still not be driven: its lease and its wake time, now."""
-    now = now_ms()
-    lease = Lease.objects.filter(key=run.lease_key).values("holder", "token", "expires_at").first()
-    row = WorkflowRun.objects.values("status", "wake_at", "sweep_wakes", "sweep_after").get(pk=run.pk)
-    held = (
-        "no run lease row"
-        if lease is None
-        else f"run lease held by {lease['holder']!r} (token {lease['token']}) "
-        f"for {lease['expires_at'] - now} ms more"
-    )
-    wake = "None" if row["wake_at"] is None else f"{row['wake_at'] - now:+d} ms from now"
-    return f"{held}; run {row['status']}, wake_at {wake}, sweep_wakes {row['sweep_wakes']}"
-
-
-def idle_runs(n: int, idle_ms: int) -> list[Any]:
-    """``n`` running runs, not due, each with one pending step, untouched for ``idle_ms``."""
-    ids = []
-    for _ in range(n):
-        run = WorkflowRun.objects.create_run("test.steps", {"steps": 1})
-        WorkflowStep.objects.insert_step(run, "s0", "testproject.testing.workflows.plain_step")
-        ids.append(run.pk)
-    ago = datetime.timedelta(milliseconds=idle_ms)
-    WorkflowRun.objects.filter(pk__in=ids).update(wake_at=None, updated_at=F("updated_at") - ago)
-    WorkflowStep.objects.filter(run__in=ids).update(updated_at=F("updated_at") - ago)
-    return ids
-
-
-class ProcessTestCase(TransactionTestCase):
-    """Starts command processes, logs each one's stderr to a file, and kills stragglers."""
-
-    def setUp(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self.tmp = Path(tempfile.mkdtemp(prefix="pikku-sweep-test-"))
-        self.logs: dict[int, Path] = {}
-        self.files: list[Any] = []
-
-    def tearDown(self) -> None:
-        kill_all(self.procs)
-        for file in self.files:
-            file.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _file(self, name: str, mode: str = "w") -> Any:
-        file = open(self.tmp / f"{len(self.files)}-{name}", mode)  # noqa: SIM115  (closed in tearDown)
-        self.files.append(file)
-        return file
-
-    def command(
-        self, *args: str, env: dict[str, str] | None = None, warm: bool = False, stdout: Any = subprocess.PIPE
-    ) -> subprocess.Popen[str]:
-        """
-        Start ``manage.py args…`` on the live test database (with ``warm``, set
-        up and waiting for "go"; see WARM). Its stderr goes to a file, so a
-        chatty process never blocks on a full pipe.
-        """
-        log = self._file(f"{args[0]}.log")
-        argv = [sys.executable, "-c", WARM, *args] if warm else [sys.executable, "manage.py", *args]
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env or subprocess_env(),
-            stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=log,
-            text=True,
-        )
-        self.procs.append(proc)
-        self.logs[proc.pid] = Path(log.name)
-        if warm:
-            assert self.line(proc, timeout=60) == "warm\n"
-        return proc
-
-    def log(self, proc: subprocess.Popen[str]) -> str:
-        return self.logs[proc.pid].read_text()
-
-    def line(self, proc: subprocess.Popen[str], timeout: float) -> str:
-        try:
-            return read_line(proc, timeout=timeout)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.log(proc)}") from None
-
-    def exits(self, proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-        """Wait for ``proc`` to exit (closing its stdin); its exit code and the rest of its stdout."""
-        if proc.stdin is not None:
-            proc.stdin.close()
-        code = proc.wait(timeout=timeout)
-        return code, proc.stdout.read() if proc.stdout is not None else ""
-
-    def worker(self, holder: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """A ``pikku_worker`` that has said it is ready (its signal handlers are installed)."""
-        proc = self.command("pikku_worker", "--holder", holder, *args, env=env)
-        assert self.line(proc, timeout=60) == f"pikku_worker {holder} ready\n"
-        return proc
-
-    def stop(self, proc: subprocess.Popen[str], holder: str) -> int:
-        """SIGTERM a worker: it must exit 0; returns the passes it made."""
-        proc.send_signal(signal.SIGTERM)
-        code, out = self.exits(proc, timeout=30)
-        assert code == 0, self.log(proc)
-        assert out.startswith(f"pikku_worker {holder} stopped after "), out
-        return int(out.split("stopped after ")[1].split()[0])
-
-    def sweep(self, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """One ``pikku_sweep --json args…`` process: exits 0 and prints one report."""
-        proc = self.command("pikku_sweep", "--json", *args, env=env)
-        code, out = self.exits(proc)
-        assert code == 0, self.log(proc)
-        lines = out.splitlines()
-        assert len(lines) == 1, out
-        return json.loads(lines[0])
-
-    def go(self, proc: subprocess.Popen[str]) -> None:
-        send_line(proc, "go")
-
-    def killed_mid_step(
-        self, run: WorkflowRun, worker: subprocess.Popen[str] | None = None
-    ) -> tuple[subprocess.Popen[str], int]:
-        """
-        Wait for the blocker's step to start, SIGKILL the worker running it,
-        and return that worker and the kill time (DB clock).
-        """
-        first = poll_until(lambda: StepCall.objects.filter(run_id=run.pk, step="block").first(), timeout=60)
-        (proc,) = [p for p in self.procs if p.pid == first.pid]
-        assert worker is None or proc is worker
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-        return proc, now_ms()
 
 
 class KilledWorkerTests(ProcessTestCase):
@@ -416,103 +201,6 @@ class KilledWorkerTests(ProcessTestCase):
         assert calls(run, "kill") == pids
 
 
-class BacklogTests(ProcessTestCase):
-    RUNS = 60
-    STEPS = 5
-    STEP_MS = 80
-    WORKERS = 3
-    SWEEP_INTERVAL = "1"
-
-    def test_killed_step_is_taken_again_ahead_of_the_backlog(self) -> None:
-        env = subprocess_env(PIKKU_LEASE_TTL_MS=LONG_RUN_LEASE_MS)
-        loop_out = self._file("sweep-loop.out")
-        loop = self.command(
-            "pikku_sweep",
-            "--loop",
-            "--interval",
-            self.SWEEP_INTERVAL,
-            "--stalled-after",
-            "300",
-            "--json",
-            env=env,
-            stdout=loop_out,
-        )
-        # Its first report is out: its signal handlers are installed.
-        poll_until(lambda: Path(loop_out.name).read_text().count("\n") >= 1, timeout=60, interval=0.05)
-
-        backlog = [
-            start_workflow("test.slow_steps", {"steps": self.STEPS, "ms": self.STEP_MS}) for _ in range(5)
-        ]
-        blocked = start_workflow("test.blocker", {"lease_ms": STEP_LEASE_MS})
-        backlog += [
-            start_workflow("test.slow_steps", {"steps": self.STEPS, "ms": self.STEP_MS})
-            for _ in range(self.RUNS - len(backlog))
-        ]
-        ids = [run.pk for run in backlog]
-        holders = [f"worker-{i}" for i in range(self.WORKERS)]
-        workers = [self.worker(holder, "--interval", "0.1", env=env) for holder in holders]
-
-        victim, kill_ms = self.killed_mid_step(blocked)
-        killed = time.monotonic()
-        step = WorkflowStep.objects.get(run=blocked, step_name="block")
-        assert (step.status, step.attempt) == ("running", 1)
-        try:
-            reclaimed = poll_until(lambda: running_at(step, 2), timeout=RECLAIM_WITHIN_S, interval=0.02)
-        except AssertionError:
-            raise AssertionError(
-                f"attempt 2 not claimed within {RECLAIM_WITHIN_S} s of the kill "
-                f"(step lease {STEP_LEASE_MS} ms, sweep every {self.SWEEP_INTERVAL} s): "
-                f"{run_lease_state(blocked)}; "
-                f"{WorkflowRun.objects.filter(pk__in=ids, status='running').count()} backlog runs left; "
-                f"sweep reports: {Path(loop_out.name).read_text().splitlines()[-5:]}"
-            ) from None
-        seen_s = time.monotonic() - killed
-        reclaim_ms = epoch_ms(reclaimed) - kill_ms
-        # Unfinished when attempt 2 was claimed, on the DB clock.
-        unfinished = (
-            WorkflowRun.objects.filter(pk__in=ids)
-            .exclude(status="completed", updated_at__lte=reclaimed)
-            .count()
-        )
-        assert unfinished > 0, "the backlog was drained before the killed step was taken again: no proof"
-        assert reclaim_ms <= RECLAIM_WITHIN_S * 1000
-
-        poll_until(
-            lambda: not WorkflowRun.objects.filter(pk__in=[*ids, blocked.pk], status="running").exists(),
-            timeout=120,
-            interval=0.1,
-        )
-        expected = [f"s{i} done" for i in range(self.STEPS)]
-        assert list(WorkflowRun.objects.filter(pk__in=ids).values_list("status", "output")) == (
-            [("completed", expected)] * self.RUNS
-        )
-        blocked.refresh_from_db()
-        assert (blocked.status, blocked.output) == ("completed", {"block": {"call": 2}})
-        assert attempts(step) == [(1, "running"), (2, "succeeded")]
-        assert calls(blocked, "block")[0] == victim.pid
-
-        # The sweep loop stops at once on SIGTERM, between passes, with exit 0.
-        loop.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        assert loop.wait(timeout=10) == 0, self.log(loop)
-        stop_s = time.monotonic() - signalled
-        assert stop_s < 5, stop_s
-        reports = [json.loads(line) for line in Path(loop_out.name).read_text().splitlines()]
-        assert any(r["lapsed_runs"] and r["woken_runs"] for r in reports), reports
-        for worker, holder in zip(workers, holders, strict=True):
-            if worker is not victim:
-                self.stop(worker, holder)
-
-        print(  # noqa: T201 - measured, reported
-            f"\nbacklog recovery ({blocked._state.db}, "
-            f"{self.RUNS} runs x {self.STEPS} steps x {self.STEP_MS} ms, "
-            f"{self.WORKERS} workers, step lease {STEP_LEASE_MS} ms, sweep every {self.SWEEP_INTERVAL} s): "
-            f"kill -> attempt 2 claimed {reclaim_ms} ms (DB clock; seen after {seen_s * 1000:.0f} ms) with "
-            f"{unfinished}/{self.RUNS} backlog runs unfinished; {len(reports)} sweep passes; "
-            f"sweep loop exited {stop_s * 1000:.0f} ms after SIGTERM"
-        )
-
-
 class ConcurrentSweepTests(ProcessTestCase):
     RUNS = 20
     ROUNDS = 10
@@ -592,6 +280,7 @@ class CommandLineTests(ProcessTestCase):
         assert set(dry) == {
             "dry_run",
             "failed_steps",
+            "timed_out_runs",
             "lapsed_runs",
             "stalled_runs",
             "undispatched_runs",

@@ -20,6 +20,7 @@ from pikku_django.admin.steps import (
     WorkflowStepAttemptInline,
     WorkflowStepInline,
 )
+from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 
 __all__ = [
     "LeaseAdmin",
@@ -29,13 +30,16 @@ __all__ = [
     "ReadOnlyTabularInline",
     "StepColumns",
     "WorkflowRunAdmin",
+    "WorkflowSignalInline",
     "WorkflowStepAdmin",
     "WorkflowStepAttemptInline",
     "WorkflowStepInline",
     "db_now_ms",
+    "describe_wait",
     "format_ms",
     "has_change_perm",
     "pretty_json",
     "short_uuid",
     "step_counts",
+    "waiting_annotations",
 ]

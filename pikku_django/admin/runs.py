@@ -6,7 +6,10 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from pikku_django.admin.base import (
     ReadOnlyAdmin,
@@ -17,6 +20,7 @@ from pikku_django.admin.base import (
     short_uuid,
 )
 from pikku_django.admin.steps import WorkflowStepInline
+from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 from pikku_django.clock import DbNowMs
 from pikku_django.managers import WorkflowRunQuerySet
 from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
@@ -38,7 +42,17 @@ def step_counts(status: str | None = None) -> Coalesce:
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyAdmin):
-    list_display = ["short_id", "workflow", "status", "steps_display", "age", "wake_display", "updated_at"]
+    list_display = [
+        "short_id",
+        "workflow",
+        "status",
+        "steps_display",
+        "waiting_display",
+        "parent_display",
+        "age",
+        "wake_display",
+        "updated_at",
+    ]
     list_display_links = ["short_id"]
     list_filter = ["status", "workflow"]
     search_fields = ["id", "workflow"]
@@ -47,7 +61,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "workflow",
         "status",
         "steps_display",
+        "waiting_display",
         "wake_display",
+        "deadline_display",
+        "parent_display",
+        "children_display",
+        "idempotency_key",
         "created_at",
         "age",
         "updated_at",
@@ -55,8 +74,19 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "output_json",
         "error_json",
     ]
-    readonly_fields = ["steps_display", "age", "wake_display", "input_json", "output_json", "error_json"]
-    inlines = [WorkflowStepInline]
+    readonly_fields = [
+        "steps_display",
+        "age",
+        "wake_display",
+        "waiting_display",
+        "deadline_display",
+        "parent_display",
+        "children_display",
+        "input_json",
+        "output_json",
+        "error_json",
+    ]
+    inlines = [WorkflowStepInline, WorkflowSignalInline]
     actions = ["wake_runs", "cancel_runs"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
@@ -68,6 +98,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             db_now_ms=DbNowMs(),
             steps_total=step_counts(),
             steps_done=step_counts(StepStatus.SUCCEEDED),
+            **waiting_annotations(),
         )
 
     @admin.display(description="id", ordering="id")
@@ -95,6 +126,43 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             return self.get_empty_value_display()
         left = obj.wake_at - db_now_ms(obj)
         return f"in {format_ms(left)}" if left > 0 else "due"
+
+    @admin.display(description="waiting")
+    def waiting_display(self, obj: WorkflowRun) -> str:
+        """Why the run waits: sleeping until …, waiting for signal "x" since …, waiting for child …."""
+        return describe_wait(obj, db_now_ms(obj)) or self.get_empty_value_display()
+
+    @admin.display(description="parent", ordering="parent")
+    def parent_display(self, obj: WorkflowRun) -> str:
+        if obj.parent_id is None:
+            return self.get_empty_value_display()
+        url = reverse("admin:pikku_django_workflowrun_change", args=[obj.parent_id])
+        return format_html('<a href="{}">{}</a>', url, short_uuid(obj.parent_id))
+
+    @admin.display(description="children")
+    def children_display(self, obj: WorkflowRun) -> str:
+        children = list(obj.children.order_by("created_at").values_list("pk", "workflow", "status"))
+        if not children:
+            return self.get_empty_value_display()
+        links = [
+            format_html(
+                '<a href="{}">{}</a> {} ({})',
+                reverse("admin:pikku_django_workflowrun_change", args=[pk]),
+                short_uuid(pk),
+                workflow,
+                status,
+            )
+            for pk, workflow, status in children
+        ]
+        return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links))
+
+    @admin.display(description="deadline", ordering="deadline_at")
+    def deadline_display(self, obj: WorkflowRun) -> str:
+        if obj.deadline is None:
+            return self.get_empty_value_display()
+        left = (obj.deadline_at or 0) - db_now_ms(obj)
+        when = obj.deadline.strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"{when} (in {format_ms(left)})" if left > 0 and not obj.is_finished else when
 
     @admin.display(description="input")
     def input_json(self, obj: WorkflowRun) -> str:

@@ -17,10 +17,12 @@ from pikku_django.managers.base import (
     serialize_error,
 )
 from pikku_django.managers.leases import LeaseManager, LeaseQuerySet
-from pikku_django.managers.runs import WorkflowRunManager, WorkflowRunQuerySet
+from pikku_django.managers.runs import ACTIVE_RUN_STATUSES, WorkflowRunManager, WorkflowRunQuerySet
+from pikku_django.managers.signals import WorkflowSignalManager, WorkflowSignalQuerySet
 from pikku_django.managers.steps import WorkflowStepManager, WorkflowStepQuerySet
 
 __all__ = [
+    "ACTIVE_RUN_STATUSES",
     "FINISHED_RUN_STATUSES",
     "SPENT",
     "SWEEP_BACKOFF_MAX_MS",
@@ -30,6 +32,8 @@ __all__ = [
     "LeaseQuerySet",
     "WorkflowRunManager",
     "WorkflowRunQuerySet",
+    "WorkflowSignalManager",
+    "WorkflowSignalQuerySet",
     "WorkflowStepManager",
     "WorkflowStepQuerySet",
     "ensure_autocommit",

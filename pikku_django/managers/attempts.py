@@ -115,6 +115,19 @@ class StepAttemptsMixin:
     def _write_connection(self) -> BaseDatabaseWrapper:
         return connections[self._db if self._db else router.db_for_write(self.model)]
 
+    def run_state(self, run_id: Any) -> tuple[str, int | None, int] | None:
+        """The run's status and ``deadline_at``, and the DB clock's now; None if there is no such run."""
+        from pikku_django.models import WorkflowRun
+
+        connection = self._write_connection()
+        params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection)}
+        with hot_cursor(connection) as cursor:
+            cursor.execute(sql.statement("run_state", connection), params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return str(row[0]), None if row[1] is None else int(row[1]), int(row[2])
+
     def start_step(
         self,
         run_id: Any,

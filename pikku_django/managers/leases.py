@@ -99,8 +99,12 @@ class LeaseManager(models.Manager["Lease"]):
                 row = cursor.fetchone()
         return None if row is None else self._lease(row, connection.alias)
 
-    def release(self, lease: Lease) -> None:
-        """Lapse ``lease`` if it is still this holder's and token's; the token stays."""
+    def release(self, lease: Lease) -> bool:
+        """
+        Lapse ``lease`` if it is still this holder's, of this token, and live;
+        the token stays. True if it was; False if it had already lapsed or
+        passed to another holder (so it was not held to the end).
+        """
         connection = self._connection()
         ensure_autocommit(connection)
         with hot_cursor(connection) as cursor:
@@ -108,6 +112,7 @@ class LeaseManager(models.Manager["Lease"]):
                 sql.statement("lease_release", connection),
                 {"key": lease.key, "holder": lease.holder, "token": lease.token},
             )
+            return bool(cursor.rowcount == 1)
 
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key``, or None."""

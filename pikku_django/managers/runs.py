@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.errors import InvalidArgumentError
 from pikku_django.managers.base import FINISHED_RUN_STATUSES, SWEEP_BACKOFF_MAX_MS, SWEEP_BACKOFF_MS, WOKEN
+
+#: A run a worker may drive: running, or suspended on a wait that may time out.
+ACTIVE_RUN_STATUSES = ("running", "suspended")
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun
@@ -23,8 +27,35 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         return self.exclude(status__in=FINISHED_RUN_STATUSES)
 
     def due(self) -> WorkflowRunQuerySet:
-        """Running runs whose ``wake_at`` has come, on the database clock."""
-        return self.filter(status="running", wake_at__lte=DbNowMs())
+        """
+        Running runs whose ``wake_at`` has come, on the database clock; and
+        suspended ones whose wait timed out (a suspended run's ``wake_at`` is
+        its wait's timeout, or NULL: only a signal wakes it).
+        """
+        return self.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=DbNowMs())
+
+    def not_queued(self) -> WorkflowRunQuerySet:
+        """
+        Runs that are not merely waiting their turn for a worker: ``wake_at``
+        unset or still ahead, or woken out of turn (``WOKEN``, ahead of the queue).
+        """
+        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__gt=DbNowMs()) | Q(wake_at__lte=WOKEN))
+
+    def idle(self, idle_ms: int) -> WorkflowRunQuerySet:
+        """
+        Running runs with no step in flight and nothing touched for ``idle_ms``
+        on the database clock (``WorkflowRunManager.stalled()`` lists them).
+        """
+        validate.whole("idle_ms", idle_ms)
+        from pikku_django.models import WorkflowStep
+
+        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
+        cutoff = DbNow(minus_ms=idle_ms)
+        return (
+            self.filter(status="running", updated_at__lte=cutoff)
+            .exclude(Exists(steps.in_flight()))
+            .exclude(Exists(steps.filter(updated_at__gt=cutoff)))
+        )
 
     def wake(self) -> int:
         """Make these running runs due now, ahead of the queue; returns how many."""
@@ -62,8 +93,18 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         return self.running().filter(fresh | Q(sweep_after__lte=DbNowMs()))
 
     def cancel(self) -> int:
-        """Cancel these unfinished runs; returns how many."""
-        return self.unfinished().update(status="cancelled", wake_at=None, updated_at=DbNow())
+        """
+        Cancel these unfinished runs and their unfinished children, fencing
+        out any step running for them; returns how many of these were cancelled.
+        """
+        from pikku_django.managers.lifecycle import cancel_runs
+
+        assert self.db is not None
+        return cancel_runs(self.db, list(self.unfinished().values_list("pk", flat=True)))
+
+    def timed_out(self) -> WorkflowRunQuerySet:
+        """Unfinished runs past their deadline on the database clock."""
+        return self.filter(status__in=ACTIVE_RUN_STATUSES, deadline_at__lte=DbNowMs())
 
 
 class WorkflowRunManager(models.Manager["WorkflowRun"]):
@@ -78,18 +119,64 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
     def due(self) -> WorkflowRunQuerySet:
         return self.get_queryset().due()
 
-    def create_run(self, workflow: str, input: Any = None) -> WorkflowRun:
-        """A new run of ``workflow``, running and due at once."""
+    def create_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout_ms: int | None = None,
+        parent: WorkflowRun | None = None,
+    ) -> WorkflowRun:
+        """
+        A new run of ``workflow``, running and due at once; with ``timeout_ms``,
+        a deadline that long after now on the database clock. A used
+        ``idempotency_key`` raises IntegrityError (see ``start_run``).
+        """
+        if idempotency_key is not None:
+            validate.name("idempotency_key", idempotency_key)
+        deadline = None if timeout_ms is None else DbNowMs() + validate.positive_ms("timeout_ms", timeout_ms)
         run = self.model(
             workflow=validate.name("workflow", workflow),
             input=validate.json_value("input", input),
             status="running",
             wake_at=DbNowMs(),
+            idempotency_key=idempotency_key,
+            deadline_at=deadline,
+            parent=parent,
             created_at=DbNow(),
             updated_at=DbNow(),
         )
         run.save(force_insert=True, using=self.db)
-        run.refresh_from_db(fields=["wake_at", "created_at", "updated_at"])
+        run.refresh_from_db(fields=["wake_at", "deadline_at", "created_at", "updated_at"])
+        return run
+
+    def start_run(
+        self, workflow: str, input: Any = None, *, idempotency_key: str, timeout_ms: int | None = None
+    ) -> WorkflowRun:
+        """
+        The run of ``idempotency_key``: created by the first call, returned
+        (whatever its status) by every later one, also when processes race:
+        the unique key decides, not a read. Another workflow under the key is
+        refused.
+        """
+        validate.name("idempotency_key", idempotency_key)
+        runs = self.get_queryset()
+        run = runs.filter(idempotency_key=idempotency_key).first()
+        if run is None:
+            try:
+                # A savepoint, so a lost race leaves an outer transaction usable.
+                with transaction.atomic(using=self.db):
+                    run = self.create_run(
+                        workflow, input, idempotency_key=idempotency_key, timeout_ms=timeout_ms
+                    )
+            except IntegrityError:
+                run = runs.get(idempotency_key=idempotency_key)
+        if run.workflow != workflow:
+            raise InvalidArgumentError(
+                f"idempotency_key {idempotency_key!r} already started a run of workflow {run.workflow!r}, "
+                f"not {workflow!r}; use another key."
+            )
         return run
 
     def stalled(self, idle_ms: int, limit: int = 100) -> list[Any]:
@@ -99,17 +186,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         scheduled, suspended, or running under a live or NULL (parked) lease;
         a lapsed lease is a dead worker and is not in flight.
         """
-        validate.whole("idle_ms", idle_ms)
         validate.whole("limit", limit, minimum=1)
-        from pikku_django.models import WorkflowStep
-
-        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
-        cutoff = DbNow(minus_ms=idle_ms)
         return list(
-            self.get_queryset()
-            .filter(status="running", updated_at__lte=cutoff)
-            .exclude(Exists(steps.in_flight()))
-            .exclude(Exists(steps.filter(updated_at__gt=cutoff)))
-            .order_by("updated_at")
-            .values_list("pk", flat=True)[:limit]
+            self.get_queryset().idle(idle_ms).order_by("updated_at").values_list("pk", flat=True)[:limit]
         )

@@ -168,6 +168,19 @@ ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`)
     `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
 """
 
+#: What a pass checks before each step's function runs (a run cancelled or
+#: past its deadline elsewhere): the run's status and deadline, and now. A
+#: read, prepared like the step statements, so the check costs a round trip.
+POSTGRESQL_RUN_STATE = """
+SELECT "status", "deadline_at", {now} FROM {run} WHERE "id" = %(run_id)s::uuid
+"""
+SQLITE_RUN_STATE = """
+SELECT "status", "deadline_at", {now} FROM {run} WHERE "id" = %(run_id)s
+"""
+MYSQL_RUN_STATE = """
+SELECT `status`, `deadline_at`, {now} FROM {run} WHERE `id` = %(run_id)s
+"""
+
 #: MySQL/MariaDB open and close the transaction of a step write inside its
 #: one round trip (Django's ``atomic()`` spends four: ``SET autocommit`` off,
 #: then COMMIT and ``SET autocommit`` on, each its own).
@@ -195,6 +208,11 @@ ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "mysql": MYSQL_STEP_FINISH,
     },
     "step_finish_history": {"sqlite": SQLITE_STEP_FINISH_HISTORY, "mysql": MYSQL_STEP_FINISH_HISTORY},
+    "run_state": {
+        "postgresql": POSTGRESQL_RUN_STATE,
+        "sqlite": SQLITE_RUN_STATE,
+        "mysql": MYSQL_RUN_STATE,
+    },
     "mark": {"mysql": MYSQL_MARK},
     "transaction_begin": {"mysql": TRANSACTION_BEGIN},
     "transaction_commit": {"mysql": TRANSACTION_COMMIT},

@@ -114,21 +114,27 @@ WHERE `key` = %(key)s AND `holder` = %(holder)s AND `token` = %(token)s
     AND `expires_at` > {now}
 """
 
-#: Lapse the lease if it is still this holder's and token's. The token stays,
-#: so the next holder gets a higher one; the expiry never moves later.
+#: Lapse the lease if it is still this holder's, of this token, and live; the
+#: row count says whether it was (rows *matched* on MySQL, where Django sets
+#: CLIENT.FOUND_ROWS), so a holder learns that its lease was lost even when
+#: no renewal ever ran. The token stays, so the next holder gets a higher one;
+#: the expiry never moves later. PostgreSQL reads its clock once, in
+#: ``clock``, so the guard and the new expiry see the same instant.
 POSTGRESQL_LEASE_RELEASE = """
-UPDATE {lease} SET "expires_at" = LEAST("expires_at", {now})
+UPDATE {lease} SET "expires_at" = LEAST("expires_at", clock.now_ms)
+FROM (SELECT {now} AS now_ms) AS clock
 WHERE "key" = %(key)s AND "holder" = %(holder)s AND "token" = %(token)s
+    AND "expires_at" > clock.now_ms
 """
 
 SQLITE_LEASE_RELEASE = """
 UPDATE {lease} SET "expires_at" = MIN("expires_at", {now})
-WHERE "key" = %(key)s AND "holder" = %(holder)s AND "token" = %(token)s
+WHERE "key" = %(key)s AND "holder" = %(holder)s AND "token" = %(token)s AND "expires_at" > {now}
 """
 
 MYSQL_LEASE_RELEASE = """
 UPDATE {lease} SET `expires_at` = LEAST(`expires_at`, {now})
-WHERE `key` = %(key)s AND `holder` = %(holder)s AND `token` = %(token)s
+WHERE `key` = %(key)s AND `holder` = %(holder)s AND `token` = %(token)s AND `expires_at` > {now}
 """
 
 POSTGRESQL_LEASE_CURRENT = """

@@ -19,31 +19,15 @@ from pikku_django.errors import (
 from pikku_django.keeper import keeper
 from pikku_django.leases import HeldLease, KeepAlive
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+from pikku_django.workflows.current import StepHandle, running_step
 from pikku_django.workflows.registry import dotted_name
+from pikku_django.workflows.waits import Stop, Suspend, WaitsMixin
 
 logger = logging.getLogger(__name__)
 
 #: How long a run waits before it looks again at a step it could not take and
 #: whose state gives no better time (a racing claim, a run held elsewhere).
 RETRY_SOON_MS = 1_000
-
-
-class Suspend(BaseException):
-    """
-    Unwinds the workflow function: this pass can go no further now. The run is
-    woken again at ``wake_at`` (epoch ms on the DB clock), or not at all (None)
-    until something wakes it. A BaseException, so that a workflow's own
-    ``except Exception`` cannot swallow it.
-    """
-
-    def __init__(self, wake_at: int | None, reason: str) -> None:
-        super().__init__(reason)
-        self.wake_at = wake_at
-        self.reason = reason
-
-
-class Stop(BaseException):
-    """Unwinds the workflow function: this pass is stale and must write nothing more."""
 
 
 class StepLeaseRenewal(KeepAlive):
@@ -80,8 +64,11 @@ def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return data
 
 
-class RunContext:
-    """What a workflow function is called with: ``fn(ctx, input)``."""
+class RunContext(WaitsMixin):
+    """
+    What a workflow function is called with: ``fn(ctx, input)``. Besides
+    ``step``: ``sleep``, ``wait_for_signal`` and ``workflow`` (see ``waits``).
+    """
 
     def __init__(
         self,
@@ -98,6 +85,7 @@ class RunContext:
         self._held = held
         self._stop = stop
         self._seen: set[str] = set()
+        self._signal_waits: dict[str, int] = {}
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
 
@@ -202,10 +190,12 @@ class RunContext:
         it. A success is left on ``step`` (status and result as a replay will
         see them); after a failure the caller reads the step again.
         """
+        self._check_claimed(step)
         renewal = StepLeaseRenewal(step, lease_ms, self._using)
         renewal.start()
         try:
-            result = fn(*args, **kwargs)
+            with running_step(StepHandle(self.run_id, step.step_name, step.attempt, renewal.lost)):
+                result = fn(*args, **kwargs)
         except Exception as error:
             renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)

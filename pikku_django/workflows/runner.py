@@ -15,10 +15,13 @@ from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
 from pikku_django.leases import hold_lease
-from pikku_django.managers import serialize_error
+from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
+from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import Lease, WorkflowRun
-from pikku_django.workflows.context import RETRY_SOON_MS, RunContext, Stop, Suspend
+from pikku_django.outages import OUTAGE_ERRORS
+from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
+from pikku_django.workflows.waits import Stop, Suspend, suspend_run
 
 logger = logging.getLogger(__name__)
 
@@ -26,24 +29,53 @@ logger = logging.getLogger(__name__)
 UNKNOWN_WORKFLOW_RETRY_MS = 60_000
 
 
-def start_workflow(name: str, input: Any = None, *, inline: bool = False) -> WorkflowRun:
+def start_workflow(
+    name: str,
+    input: Any = None,
+    *,
+    inline: bool = False,
+    idempotency_key: str | None = None,
+    timeout_ms: int | None = None,
+) -> WorkflowRun:
     """
     Start a run of the workflow ``name``, due at once for a worker; with
     ``inline=True``, drive it to its end here first. A failed run is returned,
-    not raised.
+    not raised. A second start with the same ``idempotency_key`` returns the
+    first run, whatever its status; ``timeout_ms`` sets a deadline on the
+    database clock.
     """
     get_workflow(validate.name("name", name))
-    run = WorkflowRun.objects.create_run(name, input)
+    validate.json_value("input", input)
+    if timeout_ms is not None:
+        validate.positive_ms("timeout_ms", timeout_ms)
+    if idempotency_key is None:
+        run = WorkflowRun.objects.create_run(name, input, timeout_ms=timeout_ms)
+    else:
+        run = WorkflowRun.objects.start_run(
+            name, input, idempotency_key=idempotency_key, timeout_ms=timeout_ms
+        )
     if inline:
         run = _drive_inline(run)
     return run
 
 
 def _drive_inline(run: WorkflowRun) -> WorkflowRun:
+    """Drive the run here until it ends, or waits for something no pass here can bring (a signal)."""
     while True:
         run = run_workflow(run.pk)
-        if run.is_finished or run.wake_at is None:
+        if run.is_finished:
             return run
+        if run.wake_at is None:
+            # Waiting on a child: drive the child inline too; its end wakes this run.
+            child = (
+                WorkflowRun.objects.using(run._state.db)
+                .filter(parent=run, parent_steps__run=run, parent_steps__status="running")
+                .exclude(status__in=FINISHED_RUN_STATUSES)
+                .first()
+            )
+            if child is None or not _drive_inline(child).is_finished:
+                return run
+            continue
         wait_ms = run.wake_at - Lease.objects.db_now_ms()
         if wait_ms > 0:
             time.sleep(wait_ms / 1000)
@@ -76,11 +108,12 @@ def drive_run(
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
-    pass, without reading the run before or after. Returns ``run`` with the
-    outcome this pass wrote (status, output, error, wake_at) set on it.
+    pass, without reading the run before or after. Returns ``run``, with the
+    outcome when this pass recorded one (status, output, error).
     """
     alias = run._state.db or DEFAULT_DB_ALIAS
-    if run.status != "running":
+    runs = WorkflowRun.objects.using(alias)
+    if run.status not in ACTIVE_RUN_STATUSES:
         return run
     try:
         fn = get_workflow(run.workflow)
@@ -90,11 +123,15 @@ def drive_run(
         return run
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
+            if run.status == "suspended":
+                # A wait that timed out (or a wake that raced the suspension): drive it.
+                runs.filter(pk=run.pk, status="suspended").update(status="running")
+                run.status = "running"
             _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
         # worker's take (wake_at at its own lease's end) doesn't delay it.
-        _set_wake(run, DbNowMs() + RETRY_SOON_MS, touch=False)
+        runs.filter(pk=run.pk, status="running").update(wake_at=DbNowMs() + RETRY_SOON_MS)
     except LeaseLostError:
         # What the pass wrote stays: every step write was fenced to its attempt.
         logger.warning("Run %s lost its run lease during a pass.", run.pk)
@@ -106,7 +143,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
         output = fn(ctx, run.input)
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
-        _set_wake(run, suspend.wake_at)
+        suspend_run(run, suspend)
         return
     except Stop as stop:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
@@ -114,6 +151,10 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
     except StepFailedError as error:
         _finish(run, "failed", error={**error.error, "step": error.step_name})
         return
+    except OUTAGE_ERRORS:
+        # The database went away mid-pass: that is no fault of the run's. The
+        # pass ends here and the run is driven again once the database is back.
+        raise
     except Exception as error:
         logger.info("Run %s failed: %r", run.pk, error)
         _finish(run, "failed", error=serialize_error(error))
@@ -128,18 +169,17 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
 
 
 def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
-    """Record the run's outcome, unless it already has one (the status guard)."""
-    written = (
-        WorkflowRun.objects.using(run._state.db)
-        .filter(pk=run.pk, status="running")
-        .update(status=status, wake_at=None, updated_at=DbNow(), **fields)
-    )
-    if written:
+    """
+    Record the run's outcome, unless it already has one (the status guard),
+    and hand it to a parent waiting on it in the same transaction.
+    """
+    if finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields):
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)
 
 
-def _set_wake(run: WorkflowRun, wake_at: Any, *, touch: bool = True) -> None:
-    changes = {"wake_at": wake_at, "updated_at": DbNow()} if touch else {"wake_at": wake_at}
-    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(**changes)
+def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
+    WorkflowRun.objects.using(run._state.db).filter(pk=run.pk, status="running").update(
+        wake_at=wake_at, updated_at=DbNow()
+    )

@@ -1,4 +1,4 @@
-"""The demo: an order workflow with a flaky step and a slow one."""
+"""The demo: an order workflow with a flaky step, a slow one and a short durable sleep."""
 
 from __future__ import annotations
 
@@ -35,5 +35,7 @@ def order(ctx: Any, input: dict[str, Any]) -> dict[str, Any]:
         "charge", charge_card, str(ctx.run_id), order_id, input["cents"], retries=2, retry_delay=200
     )
     parcel = ctx.step("pack", pack_parcel, order_id, lease_ms=3_000)
+    # A durable sleep: the run waits in the database, holding no worker.
+    ctx.sleep("cool-off", 500)
     receipt = ctx.step("receipt", send_receipt, order_id, charge, parcel)
     return {"ok": True, "receipt": receipt}

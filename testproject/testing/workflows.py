@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pikku_django.errors import SignalTimeoutError, StepFailedError
 from pikku_django.models import Lease
-from pikku_django.workflows import workflow
+from pikku_django.workflows import current_step, workflow
 from testproject.testing.models import PassRecord, StepCall
 
 
@@ -97,6 +98,81 @@ def slow_steps(ctx: Any, input: dict[str, Any]) -> list[str]:
     """``input["steps"]`` steps of ``input["ms"]`` ms each: a backlog that lasts a few seconds."""
     ms = input["ms"]
     return [ctx.step(f"s{i}", slow_step, str(ctx.run_id), f"s{i}", ms) for i in range(input["steps"])]
+
+
+# -- sleep, signals, child runs, cancel ------------------------------------------
+
+
+@workflow("test.sleeper")
+def sleeper(ctx: Any, input: dict[str, Any]) -> Any:
+    """A counted step, a durable sleep of ``input["ms"]``, another counted step."""
+    before = ctx.step("before", plain_step, str(ctx.run_id), "before")
+    ctx.sleep("nap", input["ms"])
+    after = ctx.step("after", plain_step, str(ctx.run_id), "after")
+    return [before, after]
+
+
+@workflow("test.signals")
+def signals(ctx: Any, input: dict[str, Any]) -> Any:
+    """Waits ``input["waits"]`` times for the signal ``input["name"]`` (one "go"); returns every payload."""
+    input = input or {"name": "go", "waits": 1}
+    timeout = input.get("timeout_ms")
+    return [ctx.wait_for_signal(input["name"], timeout_ms=timeout) for _ in range(input["waits"])]
+
+
+@workflow("test.signal_or_timeout")
+def signal_or_timeout(ctx: Any, input: dict[str, Any]) -> Any:
+    """Waits for "approval"; a timeout is caught and the run goes on to a step."""
+    try:
+        answer = ctx.wait_for_signal("approval", timeout_ms=input["timeout_ms"])
+    except SignalTimeoutError:
+        answer = "timed out"
+    after = ctx.step("after", plain_step, str(ctx.run_id), "after")
+    return {"answer": answer, "after": after}
+
+
+def times_two(value: int) -> int:
+    return value * 2
+
+
+@workflow("test.double")
+def double(ctx: Any, input: int) -> Any:
+    return ctx.step("double", times_two, input)
+
+
+@workflow("test.fails")
+def fails(ctx: Any, input: Any) -> Any:
+    raise RuntimeError("the child gave up")
+
+
+@workflow("test.parent")
+def parent(ctx: Any, input: dict[str, Any]) -> Any:
+    """Runs ``input["child"]`` as a child; a failed child is caught and reported."""
+    try:
+        output = ctx.workflow("child", input["child"], input.get("child_input"))
+    except StepFailedError as error:
+        return {"child_failed": error.error.get("message")}
+    return {"child": output}
+
+
+def watch_for_cancel(run_id: str, path: str) -> str:
+    """Says it started, notices its run's cancellation, then returns once ``path`` exists."""
+    record_call(run_id, "hold")
+    handle = current_step()
+    assert handle is not None
+    if handle.cancelled.wait(60):
+        record_call(run_id, "noticed")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "late result"
+
+
+@workflow("test.cancellable")
+def cancellable(ctx: Any, input: dict[str, Any]) -> Any:
+    held = ctx.step("hold", watch_for_cancel, str(ctx.run_id), input["path"], lease_ms=input["lease_ms"])
+    after = ctx.step("after", plain_step, str(ctx.run_id), "after")
+    return [held, after]
 
 
 def no_io_step(i: int) -> int:

@@ -13,6 +13,8 @@ from django.core.management.base import BaseCommand
 
 from pikku_django.conf import conf
 from pikku_django.management.arguments import interval, positive_int, seconds
+from pikku_django.management.logs import configure_logging
+from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.sweep import sweep
 from pikku_django.worker import refresh_connections
 
@@ -71,9 +73,23 @@ class Command(BaseCommand):
         stop = threading.Event()
         if loop:
             self._install_signal_handlers(stop)
+        configure_logging(self.stderr, verbosity)
+        outage = Outage("pikku_sweep --loop")
         while True:
             refresh_connections()
-            report = sweep(stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database)
+            try:
+                report = sweep(
+                    stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
+                )
+            except OUTAGE_ERRORS as error:
+                if not loop:
+                    raise
+                # A loop outlives a database restart: wait it out (a signal
+                # still ends the wait at once), then sweep again.
+                if stop.wait(outage.failed(error)):
+                    break
+                continue
+            outage.succeeded()
             if json:
                 self.stdout.write(_json_dumps(report.as_dict()))
             elif verbosity:

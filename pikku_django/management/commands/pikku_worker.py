@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from pikku_django.management.arguments import holder_name, interval, positive_int
+from pikku_django.management.logs import configure_logging
 from pikku_django.worker import Worker
 
 
@@ -30,7 +30,8 @@ class Command(BaseCommand):
             "--batch",
             type=positive_int,
             default=10,
-            help="Due runs taken per look (default: %(default)r).",
+            help="Due runs looked at per query, and passes per look; the due query runs again "
+            "before every pass, so a recovered run goes first (default: %(default)r).",
         )
         parser.add_argument(
             "--max-runs",
@@ -58,7 +59,7 @@ class Command(BaseCommand):
         database: str | None,
         **options: Any,
     ) -> None:
-        self._configure_logging(verbosity)
+        configure_logging(self.stderr, verbosity)
         worker = Worker(
             holder=holder, interval=interval, batch=batch, once=once, max_runs=max_runs, using=database
         )
@@ -72,15 +73,3 @@ class Command(BaseCommand):
             raise CommandError("Aborted by a second signal.", returncode=1) from None
         if verbosity:
             self.stdout.write(f"pikku_worker {worker.holder} stopped after {passes} passes")
-
-    def _configure_logging(self, verbosity: int) -> None:
-        """Verbosity 0: errors only; 1: warnings; 2: each pass; 3: debug."""
-        level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(verbosity, logging.DEBUG)
-        logger = logging.getLogger("pikku_django")
-        logger.setLevel(level)
-        if not any(getattr(h, "_pikku_worker", False) for h in logger.handlers):
-            handler = logging.StreamHandler(self.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            handler._pikku_worker = True  # type: ignore[attr-defined]
-            logger.addHandler(handler)
-            logger.propagate = False

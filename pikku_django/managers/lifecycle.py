@@ -1,0 +1,187 @@
+"""
+How a run ends besides finishing its function: cancelled, or timed out at its
+deadline; and how a child's end reaches the parent step parked on it.
+
+Every write here is guarded by the state it moves from (a run still
+unfinished, a step still running or waiting), so a racing pass, a second
+cancel or a second sweep changes nothing that was already decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
+from pikku_django.managers.base import FINISHED_RUN_STATUSES, WOKEN, serialize_error
+
+#: Step statuses that an ended run's steps are fenced out of: a running step
+#: (leased or parked on a child) and a sleep or wait in progress. Moving them
+#: to ``failed`` makes a renewal answer "not yours" and a late result change
+#: nothing (both are guarded by ``status = 'running'`` and the attempt).
+FENCED_STEP_STATUSES = ("running", "scheduled", "suspended")
+
+
+#: ``parent_id`` not known to the caller: read it.
+UNKNOWN = object()
+
+
+def finish_run(alias: str, run_id: Any, status: str, *, parent_id: Any = UNKNOWN, **fields: Any) -> bool:
+    """
+    Record the outcome of a run that is still running and, in the same
+    transaction, hand it to the parent step parked on it (if any). A caller
+    that knows the run's ``parent_id`` (None for a top-level run) saves a read.
+    """
+    from pikku_django.models import WorkflowRun
+
+    finished = WorkflowRun.objects.using(alias).filter(pk=run_id, status="running")
+    if parent_id is None:
+        # A top-level run: no parent to lock or hand the outcome to, so the
+        # outcome is one statement in autocommit, not a transaction around it.
+        return bool(finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields))
+    with transaction.atomic(using=alias):
+        _lock_parent(alias, run_id, parent_id)
+        done = finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields)
+        if done and parent_id is not None:
+            settle_parent_step(alias, run_id)
+    return bool(done)
+
+
+def settle_parent_step(alias: str, child_id: Any) -> None:
+    """
+    The child ``child_id`` has ended: record its output as the parked parent
+    step's result (or its error as the step's failure) and wake the parent.
+    """
+    from pikku_django.managers.steps import _write_attempt
+    from pikku_django.models import WorkflowRun, WorkflowStep
+
+    child = WorkflowRun.objects.using(alias).filter(pk=child_id).values("status", "output", "error").first()
+    if child is None or child["status"] not in FINISHED_RUN_STATUSES:
+        return
+    parked = WorkflowStep.objects.using(alias).filter(
+        child_run_id=child_id, status="running", lease_expires_at__isnull=True
+    )
+    rows = list(parked.select_for_update().values_list("pk", "run_id", "attempt"))
+    if not rows:
+        return
+    if child["status"] == "completed":
+        fields: dict[str, Any] = {"status": "succeeded", "result": child["output"], "error": None}
+        stamp = {"succeeded_at": DbNow()}
+    else:
+        error = child["error"] or serialize_error(WorkflowCancelledError(child_id))
+        fields = {"status": "failed", "result": None, "error": {**error, "child_run": str(child_id)}}
+        stamp = {"failed_at": DbNow()}
+    parked.filter(pk__in=[pk for pk, _, _ in rows]).update(
+        lease_expires_at=None, updated_at=DbNow(), **fields
+    )
+    for step_id, _, attempt in rows:
+        _write_attempt(
+            alias, step_id, attempt, fields["status"], result=fields["result"], error=fields["error"], **stamp
+        )
+    WorkflowRun.objects.using(alias).filter(
+        pk__in={run_id for _, run_id, _ in rows}, status="running"
+    ).update(wake_at=WOKEN, updated_at=DbNow())
+
+
+def cancel_runs(alias: str, run_ids: Iterable[Any]) -> int:
+    """Cancel the unfinished runs of ``run_ids`` and their unfinished children; returns how many."""
+    return len(
+        end_runs(alias, run_ids, status="cancelled", error=lambda run_id: WorkflowCancelledError(run_id))
+    )
+
+
+def time_out_runs(alias: str, run_ids: Iterable[Any]) -> int:
+    """Fail the runs of ``run_ids`` past their deadline (and cancel their children); returns how many."""
+    return len(
+        end_runs(
+            alias,
+            run_ids,
+            status="failed",
+            error=lambda run_id: WorkflowTimeoutError(run_id),
+            guard=Q(deadline_at__lte=DbNowMs()),
+        )
+    )
+
+
+def end_runs(
+    alias: str,
+    run_ids: Iterable[Any],
+    *,
+    status: str,
+    error: Any,
+    guard: Q | None = None,
+) -> list[Any]:
+    """
+    End each unfinished run of ``run_ids`` with ``status`` and ``error(run_id)``,
+    in one transaction: fence its running, sleeping and waiting steps, cancel
+    its unfinished descendants likewise, and settle the parent step of each
+    run ended. Returns the ids of the runs it ended.
+    """
+    from pikku_django.models import WorkflowRun
+
+    runs = WorkflowRun.objects.using(alias)
+    ended: list[Any] = []
+    with transaction.atomic(using=alias):
+        for run_id in run_ids:
+            _lock_parent(alias, run_id)
+            rows = runs.filter(pk=run_id).exclude(status__in=FINISHED_RUN_STATUSES)
+            if guard is not None:
+                rows = rows.filter(guard)
+            stored = serialize_error(error(run_id))
+            if rows.update(status=status, wake_at=None, error=stored, updated_at=DbNow()):
+                _fence_steps(alias, [run_id], stored)
+                ended.append(run_id)
+        frontier = list(ended)
+        while frontier:
+            children = list(
+                runs.filter(parent_id__in=frontier)
+                .exclude(status__in=FINISHED_RUN_STATUSES)
+                .values_list("pk", flat=True)
+            )
+            for child_id in children:
+                stored = serialize_error(WorkflowCancelledError(child_id))
+                runs.filter(pk=child_id).exclude(status__in=FINISHED_RUN_STATUSES).update(
+                    status="cancelled", wake_at=None, error=stored, updated_at=DbNow()
+                )
+                _fence_steps(alias, [child_id], stored)
+            frontier = children
+        for run_id in ended:
+            settle_parent_step(alias, run_id)
+    return ended
+
+
+def _lock_parent(alias: str, run_id: Any, parent_id: Any = UNKNOWN) -> None:
+    """
+    Lock the parent run (if any) before the run itself. Every transaction
+    here then takes rows parent first (parent run, its steps, the child run,
+    the child's steps), so ending a child while its parent is cancelled
+    queues one behind the other instead of deadlocking.
+    """
+    from pikku_django.models import WorkflowRun
+
+    runs = WorkflowRun.objects.using(alias)
+    if parent_id is UNKNOWN:
+        parent_id = runs.filter(pk=run_id).values_list("parent_id", flat=True).first()
+    if parent_id is not None:
+        list(runs.select_for_update().filter(pk=parent_id).values_list("pk", flat=True))
+
+
+def _fence_steps(alias: str, run_ids: list[Any], error: dict[str, Any]) -> None:
+    """Fail the in-flight steps of ended runs, so their workers are refused from now on."""
+    from pikku_django.managers.steps import _write_attempt
+    from pikku_django.models import WorkflowStep
+
+    steps = WorkflowStep.objects.using(alias).filter(run_id__in=run_ids, status__in=FENCED_STEP_STATUSES)
+    # Locked, so a claim racing this fence waits for it and then finds the step failed.
+    rows = list(steps.select_for_update().values_list("pk", "attempt"))
+    if not rows:
+        return
+    steps.filter(pk__in=[pk for pk, _ in rows]).update(
+        status="failed", error=error, result=None, lease_expires_at=None, updated_at=DbNow()
+    )
+    for step_id, attempt in rows:
+        _write_attempt(alias, step_id, attempt, "failed", error=error, failed_at=DbNow())

@@ -1,0 +1,89 @@
+"""
+Waiting out a database that went away (a restart, a failover): which errors
+say so, and the capped back-off that long-running loops wait with instead of
+exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import InterfaceError, OperationalError, connections
+
+logger = logging.getLogger(__name__)
+
+#: What a database that is restarting, failing over or out of reach raises:
+#: refused or dropped connections, "the database system is shutting down",
+#: "server has gone away". Errors that say the SQL or the schema is wrong
+#: (ProgrammingError, IntegrityError) are not an outage and are not waited out.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+
+#: The first wait after a failure, doubling up to the cap.
+FIRST_DELAY = 0.1
+MAX_DELAY = 5.0
+
+
+def drop_connections() -> None:
+    """
+    Close this thread's connections so the next query reconnects. A connection
+    inside an atomic block (a test case's) is left alone: closing it would
+    break the block.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block:
+            continue
+        try:
+            conn.close()
+        except Exception:  # noqa: S112  (a broken connection may fail to close; it is dropped anyway)
+            continue
+
+
+class Outage:
+    """
+    One loop's view of the database's availability: the first failure of an
+    outage is logged (once), each failure returns how long to wait before
+    trying again (0.1 s doubling to 5 s), and the first success after an
+    outage logs how long it lasted.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started: float | None = None
+        self.failures = 0
+        self._delay = FIRST_DELAY
+
+    @property
+    def ongoing(self) -> bool:
+        return self.started is not None
+
+    def failed(self, error: BaseException) -> float:
+        """Note a failure; returns the seconds to wait before the next try."""
+        if self.started is None:
+            self.started = time.monotonic()
+            self._delay = FIRST_DELAY
+            logger.warning(
+                "%s: the database is unavailable (%s: %s); retrying with a back-off of up to %g s.",
+                self.name,
+                type(error).__name__,
+                str(error).strip() or "no message",
+                MAX_DELAY,
+            )
+        self.failures += 1
+        drop_connections()
+        delay = self._delay
+        self._delay = min(self._delay * 2, MAX_DELAY)
+        return delay
+
+    def succeeded(self) -> None:
+        """Note a success; ends the outage, if there was one."""
+        if self.started is None:
+            return
+        logger.warning(
+            "%s: the database is back after %.1f s (%s failed tries).",
+            self.name,
+            time.monotonic() - self.started,
+            self.failures,
+        )
+        self.started = None
+        self.failures = 0

@@ -1,0 +1,49 @@
+"""What a step function can see of the step it runs for: ``current_step()``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pikku_django.errors import WorkflowCancelledError
+
+_local = threading.local()
+
+
+class StepHandle:
+    """
+    The step a function runs for. ``cancelled`` is set the moment the step's
+    lease renewal answers "not yours": its run was cancelled or timed out, or
+    another attempt took the step over. Either way its result will be refused,
+    so a long step may stop early (``check()`` raises ``WorkflowCancelledError``).
+    """
+
+    def __init__(self, run_id: Any, step_name: str, attempt: int, cancelled: threading.Event) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.attempt = attempt
+        self.cancelled = cancelled
+
+    def check(self) -> None:
+        """Raise ``WorkflowCancelledError`` once the step's result can no longer count."""
+        if self.cancelled.is_set():
+            raise WorkflowCancelledError(self.run_id)
+
+
+def current_step() -> StepHandle | None:
+    """The step whose function this thread is running, or None outside a step."""
+    handle: StepHandle | None = getattr(_local, "handle", None)
+    return handle
+
+
+@contextmanager
+def running_step(handle: StepHandle) -> Iterator[StepHandle]:
+    """Make ``handle`` the current step while the step function runs."""
+    outer = getattr(_local, "handle", None)
+    _local.handle = handle
+    try:
+        yield handle
+    finally:
+        _local.handle = outer
