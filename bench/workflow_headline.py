@@ -191,7 +191,7 @@ def table(
     lines.append(
         f"per first-run step: {counts.first_statements:.2f} statements, {counts.first_commits:.2f} commits; "
         f"per replayed step: {counts.replay_statements:.2f} statements, {counts.replay_commits:.2f} commits; "
-        f"per run pass (worker's due query and take, run lease, steps read, outcome): "
+        f"per run pass (worker's due query, take and read of the run, run lease, steps read, outcome): "
         f"{counts.run_statements} statements, {counts.run_commits} commits"
     )
     lines.append(

@@ -138,13 +138,13 @@ class Worker:
         is due. Looked up afresh before every pass, so a run woken out of turn
         (``wake_at`` 0: its step lost its worker, or the admin woke it) is
         driven next, ahead of a backlog of runs that are only waiting their turn.
-        The due query reads whole rows: a take that wins proves the row still
-        reads so (active, this ``wake_at``), so the pass reads no run of its own.
+        Returns the run read once, after the take (the due query reads only
+        ids: it runs before every pass, and most of its rows are not taken).
         """
         runs = WorkflowRun.objects.db_manager(self.using)
-        for run in runs.due().order_by("wake_at")[: self.batch]:
-            if self.take(run.pk, run.wake_at):
-                return run
+        for run_id, wake_at in runs.due().order_by("wake_at").values_list("pk", "wake_at")[: self.batch]:
+            if self.take(run_id, wake_at):
+                return runs.get_queryset().filter(pk=run_id).first()
         return None
 
     def take(self, run_id: Any, wake_at: int | None) -> bool:

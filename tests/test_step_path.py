@@ -102,8 +102,8 @@ class StepCountTests(TransactionTestCase):
         assert (full.commits - empty.commits) / 10 == 2
         assert full_replay.statements == empty_replay.statements
         assert full_replay.commits == empty_replay.commits
-        # Per pass: due query, take, run lease acquire, steps read, outcome, release.
-        assert empty.statements == 6 and empty.commits == 4
+        # Per pass: due query, take, the run's read, run lease acquire, steps read, outcome, release.
+        assert empty.statements == 7 and empty.commits == 4
         done = WorkflowStepAttempt.objects.filter(status="succeeded", succeeded_at__isnull=False)
         assert done.count() == 10
 
@@ -111,7 +111,7 @@ class StepCountTests(TransactionTestCase):
         run = start_workflow("test.noop", {"steps": 5}, inline=True)
         assert run.status == "completed"
         replay = drive_counted(run.pk)
-        assert replay.statements == 6
+        assert replay.statements == 7
 
 
 class FastPathTests(TransactionTestCase):
