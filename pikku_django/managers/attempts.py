@@ -140,9 +140,11 @@ class StepAttemptsMixin:
     ) -> WorkflowStep | None:
         """
         Insert a new step already claimed: running as attempt 1 under a lease
-        of ``lease_ms``, with its attempt row, in one commit. None when the
-        run has a step of this name already (claim it instead). The returned
-        step is built in memory: its timestamps and lease expiry are not read.
+        of ``lease_ms``, with its attempt row, in one commit, while the run is
+        active and not past its deadline. None when the run has a step of this
+        name already (claim it instead), or is cancelled, ended or past its
+        deadline. The returned step is built in memory: its timestamps and
+        lease expiry are not read.
         """
         params: dict[str, Any] = {
             "step_name": validate.name("step_name", step_name),
@@ -186,10 +188,10 @@ class StepAttemptsMixin:
             # The step and its attempt row in one transaction and one round trip;
             # a duplicate (run, step name) stops it at the step row.
             try:
-                batch(connection, cursor, ["step_start", "step_claim_history"], {**params, "attempt": 1})
+                (inserted, *_), _ = batch(connection, cursor, ["step_start", "step_start_history"], params)
             except IntegrityError:
                 return False
-            return True
+            return bool(inserted == 1)
         history = sql.statement("step_claim_history", connection)
         with one_transaction(connection, cursor):
             cursor.execute(text, params)

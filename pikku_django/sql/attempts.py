@@ -9,12 +9,24 @@ from __future__ import annotations
 
 from pikku_django.sql.steps import MYSQL_STEP_CLAIM, POSTGRESQL_STEP_CLAIM, SQLITE_STEP_CLAIM
 
+#: The guard every start carries: the run is still active (not cancelled or
+#: ended elsewhere) and not past its deadline, judged in the same statement,
+#: so a step of a run that was cancelled or timed out is never started (the
+#: pass then finds out why and stops). ``{now_ms}`` is the statement's now.
+_RUN_ACTIVE = """
+    EXISTS (SELECT 1 FROM {run} r WHERE r.{q}id{q} = %(run_id)s{uuid}
+        AND r.{q}status{q} IN ('running', 'suspended')
+        AND (r.{q}deadline_at{q} IS NULL OR r.{q}deadline_at{q} > {now_ms}))
+"""
+
 #: A step run for the first time is inserted running, attempt 1, under its
-#: lease, with its attempt row. ``ON CONFLICT DO NOTHING``: a step that exists
-#: already (another pass inserted it after this pass read the run's steps)
-#: returns no row, and the caller claims it through the guarded claim instead.
-#: Every parameter is typed, so the statement is the same under either binding.
-POSTGRESQL_STEP_START = """
+#: lease, with its attempt row, while its run is active (``_RUN_ACTIVE``).
+#: ``ON CONFLICT DO NOTHING``: a step that exists already (another pass
+#: inserted it after this pass read the run's steps) returns no row, and the
+#: caller claims it through the guarded claim instead. Every parameter is
+#: typed, so the statement is the same under either binding.
+POSTGRESQL_STEP_START = (
+    """
 WITH clock AS (SELECT {now} AS now_ms, clock_timestamp() AS now_dt),
 inserted AS (
     INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
@@ -23,7 +35,9 @@ inserted AS (
         %(data)s::jsonb, 'running', %(retries)s::integer, %(retry_delay)s::integer, 1,
         clock.now_ms + %(lease_ms)s::bigint, clock.now_dt, clock.now_dt
     FROM clock
-    ON CONFLICT ("run_id", "step_name") DO NOTHING
+    WHERE"""
+    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "::uuid").replace("{now_ms}", "clock.now_ms")
+    + """    ON CONFLICT ("run_id", "step_name") DO NOTHING
     RETURNING "id", "updated_at"
 ),
 history AS (
@@ -32,25 +46,37 @@ history AS (
 )
 SELECT "id" FROM inserted
 """
+)
 
 #: SQLite and MySQL/MariaDB: the step row, then its history row
 #: (``step_claim_history``), in one transaction.
-SQLITE_STEP_START = """
+SQLITE_STEP_START = (
+    """
 INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
     "retry_delay", "attempt", "lease_expires_at", "created_at", "updated_at")
-VALUES (%(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
-    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt})
-ON CONFLICT ("run_id", "step_name") DO NOTHING
+SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
+    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+WHERE"""
+    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "").replace("{now_ms}", "{now}")
+    + """ON CONFLICT ("run_id", "step_name") DO NOTHING
 RETURNING "id"
 """
+)
 
 #: A duplicate (run, step name) raises IntegrityError, which rolls back only
 #: this statement; the caller rolls the transaction back and claims instead.
+#: A run no longer active inserts no row, and then no history row either
+#: (``MYSQL_STEP_START_HISTORY`` copies the step row just inserted).
 MYSQL_STEP_START = """
 INSERT INTO {step} (`id`, `run_id`, `step_name`, `rpc_name`, `data`, `status`, `retries`,
     `retry_delay`, `attempt`, `lease_expires_at`, `created_at`, `updated_at`)
-VALUES (%(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
-    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt})
+SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
+    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+FROM DUAL WHERE""" + _RUN_ACTIVE.replace("{q}", "`").replace("{uuid}", "").replace("{now_ms}", "{now}")
+
+MYSQL_STEP_START_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `created_at`, `running_at`)
+SELECT s.`id`, 1, 'running', s.`created_at`, s.`created_at` FROM {step} AS s WHERE s.`id` = %(step_id)s
 """
 
 #: The guarded claim (``sql.steps``), answering only what the runtime needs:
@@ -200,6 +226,7 @@ ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "sqlite": SQLITE_STEP_CLAIM_ATTEMPT,
         "mysql": MYSQL_STEP_CLAIM_ATTEMPT,
     },
+    "step_start_history": {"mysql": MYSQL_STEP_START_HISTORY},
     "step_claim_attempt_history": {"mysql": MYSQL_STEP_CLAIM_ATTEMPT_HISTORY},
     "step_claimed": {"mysql": MYSQL_STEP_CLAIMED},
     "step_finish": {

@@ -130,11 +130,18 @@ class RunContext(WaitsMixin):
                 retry_delay=retry_delay,
             )
             if started is not None:
-                self._execute(started, fn, args, kwargs, lease_ms)
+                # Its start was guarded by the run's state (active, not past its
+                # deadline), so the check after a claim is already made.
+                self._execute(started, fn, args, kwargs, lease_ms, checked=True)
                 step = started if started.status == "succeeded" else steps.get(pk=started.pk)
             else:
-                # Another pass inserted it after this one read the run's steps.
-                step = steps.get(run_id=self.run_id, step_name=name)
+                # Another pass inserted it after this one read the run's steps, or
+                # the run was cancelled, ended or timed out: _check_run says which.
+                found = steps.filter(run_id=self.run_id, step_name=name).first()
+                if found is None:
+                    now = self._check_run()
+                    raise Suspend(now + RETRY_SOON_MS, f"step {name!r} could not be started")
+                step = found
         if step.rpc_name != rpc_name:
             raise StepFunctionMismatchError(self.run_id, name, step.rpc_name, rpc_name)
 
@@ -184,13 +191,17 @@ class RunContext(WaitsMixin):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         lease_ms: int,
+        *,
+        checked: bool = False,
     ) -> None:
         """
         Run one attempt under its step lease and record its outcome, fenced to
         it. A success is left on ``step`` (status and result as a replay will
-        see them); after a failure the caller reads the step again.
+        see them); after a failure the caller reads the step again. ``checked``:
+        the claim itself was guarded by the run's state.
         """
-        self._check_claimed(step)
+        if not checked:
+            self._check_claimed(step)
         renewal = StepLeaseRenewal(step, lease_ms, self._using)
         renewal.start()
         try:
