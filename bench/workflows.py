@@ -48,6 +48,7 @@ from typing import Any
 from _setup import ROOT, migrate_if_needed, revision  # noqa: F401  (first: sets Django up)
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from bench import workflow_headline as headline
 from bench.steps import environment, positive_int
 from pikku_django import sql
 from pikku_django.conf import conf
@@ -104,10 +105,11 @@ def check_runs(ids: list[Any]) -> str:
 
 
 def connected(pid: int) -> bool:
-    """Has the process opened a socket (its database connection)? Linux only."""
+    """Has the process opened a socket (its database connection), or the SQLite file? Linux only."""
     fds = Path(f"/proc/{pid}/fd")
+    target = str(connection.settings_dict["NAME"]) if connection.vendor == "sqlite" else "socket:"
     try:
-        return any(os.readlink(fd).startswith("socket:") for fd in fds.iterdir())
+        return any(os.readlink(fd).startswith(target) for fd in fds.iterdir())
     except (FileNotFoundError, PermissionError):
         return False
 
@@ -125,8 +127,15 @@ class Trial:
         return self.runs * STEPS / self.seconds
 
 
-def trial(workers: int, runs: int, timeout: float, logs: Path) -> Trial:
-    ids = create_runs(runs, due=False)
+def trial(
+    workers: int,
+    runs: int,
+    timeout: float,
+    logs: Path,
+    create: Callable[[int], list[Any]] | None = None,
+    check: Callable[[list[Any]], str] = check_runs,
+) -> Trial:
+    ids = create(runs) if create is not None else create_runs(runs, due=False)
     result = Trial(workers, runs)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -167,7 +176,7 @@ def trial(workers: int, runs: int, timeout: float, logs: Path) -> Trial:
                 p.kill()
                 p.wait()
             result.exits.append(p.returncode)
-    result.check = check_runs(ids)
+    result.check = check(ids)
     drop_runs(ids)
     return result
 
@@ -181,12 +190,12 @@ LEASE_REFRESH = "run lease: refresh"
 LEASE_RELEASE = "run lease: release"
 CLAIM = "step claim"
 STEP_REFRESH = "step lease: refresh"
-INSERT = "insert_step"
-RECORD = "record_result / record_error"
+INSERT = "start_step (insert claimed)"
+RECORD = "finish_attempt (outcome)"
 WORKER = "worker loop: due query + take"
 BODY = "step body (StepCall row)"
 BOOKKEEPING = "pass bookkeeping (PassRecord row)"
-CONNECT = "connect (CONN_MAX_AGE=0)"
+CONNECT = "connect"
 OTHER = "other (run/step reads, run update, clock)"
 LEASE_AND_CLAIM = (LEASE_ACQUIRE, LEASE_REFRESH, LEASE_RELEASE, CLAIM, STEP_REFRESH)
 ORDER = [
@@ -282,6 +291,9 @@ def patched(profile: Profile) -> Iterator[None]:
         (LeaseManager, "refresh", LEASE_REFRESH),
         (LeaseManager, "release", LEASE_RELEASE),
         (WorkflowStepManager, "claim", CLAIM),
+        (WorkflowStepManager, "claim_attempt", CLAIM),
+        (WorkflowStepManager, "start_step", INSERT),
+        (WorkflowStepManager, "finish_attempt", RECORD),
         (WorkflowStepManager, "refresh_lease", STEP_REFRESH),
         (WorkflowStepManager, "insert_step", INSERT),
         (WorkflowStepManager, "record_result", RECORD),
@@ -394,7 +406,7 @@ def profile_table(profile: Profile, wall: float, runs: int) -> list[str]:
         f"wall: {wall:.2f} s for {runs} runs x {STEPS} steps = {steps / wall:.0f} steps/s in one process; "
         f"run lease acquires {profile.calls.get(LEASE_ACQUIRE, 0)}, claims {profile.calls.get(CLAIM, 0)}, "
         f"refreshes {profile.calls.get(LEASE_REFRESH, 0) + profile.calls.get(STEP_REFRESH, 0)} "
-        f"(renewals run on their own threads and connections every ttl/3: "
+        f"(renewals run on their own threads and connections every ttl/3, a step's on the keeper: "
         f"{conf.LEASE_TTL_MS / 3000:g} s for the run lease, {conf.STEP_LEASE_MS / 3000:g} s for a step; "
         f"none falls inside a pass this short, and they are not on this connection)"
     )
@@ -416,6 +428,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--timeout", type=float, default=240.0, help="seconds per trial (default %(default)r)"
     )
+    parser.add_argument(
+        "--headline-only", action="store_true", help="only the headline table (issue #9), not parts 1 and 2"
+    )
     args = parser.parse_args(argv)
 
     migrated = migrate_if_needed()
@@ -435,15 +450,34 @@ def main(argv: list[str] | None = None) -> None:
         f"workers: manage.py {' '.join(WORKER_ARGS)}"
     )
 
-    trials: list[Trial] = []
     order = [1, 2, 2, 1] * ((args.rounds + 1) // 2)
     order = order[: 2 * args.rounds]
+    headline.RUNS_PER_TRIAL[0] = args.runs
+    counts = headline.count_per_step()
+    floors: list[float] = []
+    runs_done: list[tuple[int, float, float, str]] = []
+    for workers in order:
+        before = headline.floor_pair_us()
+        done = trial(workers, args.runs, args.timeout, logs, headline.create_runs, headline.check_runs)
+        after = headline.floor_pair_us()
+        floors += [before, after]
+        runs_done.append((workers, done.seconds, (before + after) / 2, done.check))
+    print("\n".join(header))
+    print()
+    print(
+        f"Headline: {args.runs} runs x {headline.STEPS} no-I/O steps ({headline.WORKFLOW}) per trial, "
+        "through worker processes, on Django's default database settings"
+    )
+    print("\n".join(headline.table(runs_done, floors, counts, sql.variant(connection))))
+    if args.headline_only:
+        print(f"(load average {os.getloadavg()[0]:.2f} at the end; {time.monotonic() - began:.0f} s in all)")
+        return
+    print()
+
+    trials: list[Trial] = []
     for workers in order:
         trials.append(trial(workers, args.runs, args.timeout, logs))
     profile, wall, check = profile_pass(args.profile_runs)
-
-    print("\n".join(header))
-    print()
     print(f"Part 1: {args.runs} runs x {STEPS} steps per trial, through worker processes")
     head = f"{'workers':>7} {'steps/s':>8} {'seconds':>8}  exit codes  check"
     print(head)

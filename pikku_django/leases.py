@@ -53,7 +53,7 @@ class KeepAlive:
         # The lease was granted no earlier than now, so it lasts at least
         # until ``_valid_until`` on the monotonic clock.
         self._valid_until = time.monotonic() + ttl_ms / 1000
-        self._thread = threading.Thread(target=self._run, name=f"pikku-renewal:{name}", daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def interval(self) -> float:
@@ -64,12 +64,13 @@ class KeepAlive:
         raise NotImplementedError
 
     def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"pikku-renewal:{self.name}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop renewing, waiting for a renewal in flight to finish."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join()
 
     def _run(self) -> None:

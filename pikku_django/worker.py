@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import DatabaseError, connections
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
@@ -20,20 +20,33 @@ from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS, Outage
 from pikku_django.queues import queue_slot
-from pikku_django.workflows.runner import run_workflow
+from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
 
 
 def refresh_connections() -> None:
     """
-    Close connections the server may have dropped or that outlived
-    CONN_MAX_AGE, as Django does around each request, so a long-lived process
-    never works on a dead one. Skipped while any connection is inside an
-    atomic block (a test case's), which closing would break.
+    Close connections the server dropped or that errors left unusable, as
+    Django does around each request, so a long-lived process never works on
+    a dead one; keep healthy ones, whatever CONN_MAX_AGE says. A worker is
+    not a request: with Django's default CONN_MAX_AGE of 0 it would otherwise
+    reconnect (and lose its prepared statements) after every run. Skipped
+    while any connection is inside an atomic block (a test case's), which
+    closing would break.
     """
-    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
-        close_old_connections()
+    opened = connections.all(initialized_only=True)
+    if any(conn.in_atomic_block for conn in opened):
+        return
+    for conn in opened:
+        # close_at is when CONN_MAX_AGE would retire the connection; a worker's never retires.
+        conn.close_at = None
+        try:
+            conn.close_if_unusable_or_obsolete()
+        except DatabaseError:
+            # Closing a connection the driver already knows dead may raise;
+            # Django has let go of it all the same, and the next query reconnects.
+            logger.debug("Closing a broken connection raised.", exc_info=True)
 
 
 class Worker:
@@ -179,7 +192,11 @@ class Worker:
                     return None
                 if not self.take(run_id, wake_at):
                     return False
-                self.drive(run_id)
+                # Read once, after the take (the due query reads only ids).
+                run = WorkflowRun.objects.db_manager(self.using).get_queryset().filter(pk=run_id).first()
+                if run is None:
+                    return False
+                self.drive(run)
                 return True
         except LeaseLostError:
             # The pass is over; its step writes were fenced by their own leases.
@@ -202,10 +219,11 @@ class Worker:
             )
         )
 
-    def drive(self, run_id: Any) -> None:
+    def drive(self, run: WorkflowRun) -> None:
         self.passes += 1
+        run_id = run.pk
         try:
-            run = run_workflow(run_id, holder=self.holder, stop=self.stopping, using=self.using)
+            run = drive_run(run, holder=self.holder, stop=self.stopping)
         except OUTAGE_ERRORS:
             # The loop waits the outage out; the run is due again when its lease lapses.
             raise

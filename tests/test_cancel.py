@@ -75,12 +75,17 @@ class CancelTests(TransactionTestCase):
 
     def test_a_stale_pass_starts_no_step_after_the_cancel(self) -> None:
         run = start_workflow("test.steps", {"steps": 2})
+        make_step(run, "s1", f"{never_called.__module__}.{never_called.__qualname__}")
         ctx = RunContext(run, using="default")
         cancel_workflow(run.pk)
         with pytest.raises(Stop):
             ctx.step("s0", never_called)
-        # The step the stale pass claimed was fenced before its function ran.
-        step = WorkflowStep.objects.get(run=run, step_name="s0")
+        # A new step is never started: its start is guarded by the run's state.
+        assert not WorkflowStep.objects.filter(run=run, step_name="s0").exists()
+        with pytest.raises(Stop):
+            ctx.step("s1", never_called)
+        # A step that existed was claimed, then fenced before its function ran.
+        step = WorkflowStep.objects.get(run=run, step_name="s1")
         assert (step.status, step.error["type"]) == ("failed", CANCELLED)
         with pytest.raises(Stop):
             ctx.sleep("nap", 1000)

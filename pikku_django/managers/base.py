@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -58,3 +61,88 @@ def serialize_error(error: BaseException) -> dict[str, Any]:
         "message": str(error),
         "traceback": "".join(traceback.format_exception(error)),
     }
+
+
+class _Shown:
+    """A statement as Django's query log reads it from a psycopg cursor."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: Any) -> None:
+        self.text = text
+
+    @property
+    def query(self) -> bytes:
+        return self.text.encode() if isinstance(self.text, str) else bytes(self.text)
+
+
+#: A prepare threshold no statement count reaches: only ``prepare=True`` prepares.
+_NEVER_BY_COUNT = 2**62
+
+
+@functools.cache
+def _preparing_cursor_class() -> type[Any]:
+    import psycopg
+
+    class PreparingCursor(psycopg.Cursor):
+        """Binds on the server and prepares every statement it runs, once per connection."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            # Django opens connections with prepare_threshold=None, which turns
+            # psycopg's preparing off for every cursor; lift it for this one
+            # statement only, so Django's own statements stay unprepared.
+            conn = self.connection
+            threshold = conn.prepare_threshold
+            if threshold is None:
+                conn.prepare_threshold = _NEVER_BY_COUNT
+            try:
+                return super().execute(query, params, prepare=True, **kwargs)
+            finally:
+                conn.prepare_threshold = threshold
+                # What Django's query log shows (it reads ``_query``, which
+                # psycopg leaves unset for a prepared statement).
+                self._query = _Shown(query)  # type: ignore[assignment]
+
+    return PreparingCursor
+
+
+def prepares(connection: BaseDatabaseWrapper) -> bool:
+    """
+    Whether the hot statements are prepared on this connection: on PostgreSQL
+    through psycopg 3, unless the project disabled preparing outright with
+    ``OPTIONS["prepare_threshold"] = None`` (say, behind a transaction-mode
+    pooler that cannot keep prepared statements).
+    """
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return False
+    options = connection.settings_dict.get("OPTIONS", {})
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+@contextmanager
+def hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """
+    A cursor for the guarded statements on the hot path. On PostgreSQL it binds
+    on the server and prepares each statement once per connection, whatever
+    cursor Django's settings choose: Django binds on the client and never
+    prepares by default, so the server would parse and plan every lease and
+    step statement afresh, which costs more than running it (bench/README.md).
+    Its statements still pass through Django's cursor wrapper (execute
+    wrappers, query logging, error translation). Elsewhere, Django's cursor.
+    """
+    if not prepares(connection):
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        raw = _preparing_cursor_class()(connection.connection)
+    wrapped = connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    with wrapped as cursor:
+        yield cursor

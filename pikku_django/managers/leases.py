@@ -9,7 +9,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.clock import DbNowMs
-from pikku_django.managers.base import ensure_autocommit
+from pikku_django.managers.base import ensure_autocommit, hot_cursor
 
 if TYPE_CHECKING:
     from pikku_django.models import Lease
@@ -66,7 +66,7 @@ class LeaseManager(models.Manager["Lease"]):
     def _acquire(self, params: dict[str, Any], *, portable: bool = False) -> Lease | None:
         connection = self._connection()
         ensure_autocommit(connection)
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             # One statement; on MySQL 8, the upsert and its read-back (sql.MYSQL_LEASE_ACQUIRE).
             for text in sql.statements("lease_acquire", connection, portable=portable):
                 cursor.execute(text, params)
@@ -88,7 +88,7 @@ class LeaseManager(models.Manager["Lease"]):
         }
         connection = self._connection()
         ensure_autocommit(connection)
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("lease_refresh", connection), params)
             if connection.vendor == "mysql":
                 # Rows matched (CLIENT.FOUND_ROWS); the expiry rides in LAST_INSERT_ID.
@@ -107,7 +107,7 @@ class LeaseManager(models.Manager["Lease"]):
         """
         connection = self._connection()
         ensure_autocommit(connection)
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(
                 sql.statement("lease_release", connection),
                 {"key": lease.key, "holder": lease.holder, "token": lease.token},
@@ -118,7 +118,7 @@ class LeaseManager(models.Manager["Lease"]):
         """The live lease on ``key``, or None."""
         validate.name("key", key)
         connection = self._connection()
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("lease_current", connection), {"key": key})
             row = cursor.fetchone()
         return None if row is None else self._lease(row, connection.alias)
@@ -126,7 +126,7 @@ class LeaseManager(models.Manager["Lease"]):
     def db_now_ms(self) -> int:
         """Now, in epoch ms, on the clock leases are judged by."""
         connection = self._connection()
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("db_now", connection))
             (now,) = cursor.fetchone()
         return int(now)

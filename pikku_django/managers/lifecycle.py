@@ -38,13 +38,14 @@ def finish_run(alias: str, run_id: Any, status: str, *, parent_id: Any = UNKNOWN
     """
     from pikku_django.models import WorkflowRun
 
+    finished = WorkflowRun.objects.using(alias).filter(pk=run_id, status="running")
+    if parent_id is None:
+        # A top-level run: no parent to lock or hand the outcome to, so the
+        # outcome is one statement in autocommit, not a transaction around it.
+        return bool(finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields))
     with transaction.atomic(using=alias):
         _lock_parent(alias, run_id, parent_id)
-        done = (
-            WorkflowRun.objects.using(alias)
-            .filter(pk=run_id, status="running")
-            .update(status=status, wake_at=None, updated_at=DbNow(), **fields)
-        )
+        done = finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields)
         if done and parent_id is not None:
             settle_parent_step(alias, run_id)
     return bool(done)

@@ -18,7 +18,8 @@ from pikku_django.errors import (
     StepLeaseExpiredError,
     StepSupersededError,
 )
-from pikku_django.managers.base import SPENT, ensure_autocommit, now_params, serialize_error
+from pikku_django.managers.attempts import StepAttemptsMixin, batch, one_transaction
+from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun, WorkflowStep
@@ -44,7 +45,7 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
         return self.filter(SPENT)
 
 
-class WorkflowStepManager(models.Manager["WorkflowStep"]):
+class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
     """The store of workflow steps: every transition is fenced to its attempt."""
 
     def get_queryset(self) -> WorkflowStepQuerySet:
@@ -122,48 +123,68 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
-        if connection.vendor == "postgresql":
-            # One statement, atomic on its own: a transaction around it would
-            # only add a BEGIN and a COMMIT round trip.
-            step = self._claim(connection, params)
-        else:
-            with transaction.atomic(using=alias):
-                step = self._claim(connection, params)
+        with hot_cursor(connection) as cursor:
+            if connection.vendor == "postgresql":
+                # One statement, atomic on its own: a transaction around it would
+                # only add a BEGIN and a COMMIT round trip.
+                step = self._claim(connection, cursor, params)
+            elif connection.vendor == "mysql":
+                # The claim, its read-back and its history row in one transaction
+                # and one round trip (sql.MYSQL_MARK).
+                names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
+                _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params)
+                step = self._from_row(alias, description, rows[0]) if rows else None
+            else:
+                with one_transaction(connection, cursor):
+                    step = self._claim(connection, cursor, params)
         if step is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)
         return step
 
-    def _claim(self, connection: BaseDatabaseWrapper, params: dict[str, Any]) -> WorkflowStep | None:
+    def _claim(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+    ) -> WorkflowStep | None:
         alias = connection.alias
-        text = sql.statement("step_claim", connection)
-        if connection.vendor == "postgresql":
-            # The UPDATE and the history row are one statement (sql.POSTGRESQL_STEP_CLAIM).
-            rows = list(self.model.objects.raw(text, params).using(alias))
-            return rows[0] if rows else None
-        if connection.vendor == "sqlite":
-            rows = list(self.model.objects.raw(text, params).using(alias))
-            step = rows[0] if rows else None
-        else:
-            with connection.cursor() as cursor:
-                cursor.execute(text, params)
-                matched = cursor.rowcount
+        cursor.execute(sql.statement("step_claim", connection), params)
+        if connection.vendor == "mysql":
+            # Rows matched (CLIENT.FOUND_ROWS); read back under the row lock this transaction holds.
             step = (
                 self.using(alias).get(run_id=params["run_id"], step_name=params["step_name"])
-                if matched
+                if cursor.rowcount
                 else None
             )
-        if step is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    sql.statement("step_claim_history", connection),
-                    {
-                        "step_id": self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
-                        "attempt": step.attempt,
-                        "holder": params["holder"],
-                        **now_params(connection),
-                    },
-                )
+        else:
+            row = cursor.fetchone()
+            step = None if row is None else self._from_row(alias, cursor.description, row)
+        if step is not None and connection.vendor != "postgresql":
+            # On PostgreSQL the history row is part of the claim (sql.POSTGRESQL_STEP_CLAIM).
+            cursor.execute(
+                sql.statement("step_claim_history", connection),
+                {
+                    "step_id": self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
+                    "attempt": step.attempt,
+                    "holder": params["holder"],
+                    **now_params(connection),
+                },
+            )
         return step
+
+    def _from_row(self, alias: str, description: Any, row: tuple[Any, ...]) -> WorkflowStep:
+        """A step from a ``RETURNING *`` row, its values converted as the ORM would."""
+        connection = connections[alias]
+        names = [column[0] for column in description]
+        by_column = {field.column: field for field in self.model._meta.concrete_fields}
+        values: dict[str, Any] = {}
+        for name, value in zip(names, row, strict=True):
+            field = by_column[name]
+            col = field.cached_col
+            converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+            for converter in converters:
+                value = converter(value, col, connection)
+            values[field.attname] = value
+        # from_db takes the values in the model's field order, whatever the table's column order.
+        fields = [f.attname for f in self.model._meta.concrete_fields if f.attname in values]
+        return self.model.from_db(alias, fields, [values[name] for name in fields])
 
     def _settle_unclaimed(self, run_id: Any, step_name: str, rpc_name: str) -> None:  # noqa: C901
         """
@@ -241,6 +262,9 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
 
     def record_result(self, step_id: Any, result: Any, attempt: int | None = None) -> None:
         """Record the step's success, fenced to ``attempt``."""
+        if attempt is not None:
+            self.finish_attempt(step_id, attempt, result=result)
+            return
         validate.json_value("result", result)
         self._record(step_id, attempt, "succeeded", result=result, error=None)
 
@@ -248,6 +272,9 @@ class WorkflowStepManager(models.Manager["WorkflowStep"]):
         """Record the attempt's failure, fenced to ``attempt``."""
         if not isinstance(error, BaseException):
             raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}.")
+        if attempt is not None:
+            self.finish_attempt(step_id, attempt, error=error)
+            return
         self._record(step_id, attempt, "failed", result=None, error=serialize_error(error))
 
     def _record(self, step_id: Any, attempt: int | None, status: str, *, result: Any, error: Any) -> None:

@@ -6,9 +6,10 @@ statement whose WHERE clause *is* the decision: two workers racing on the same
 row are serialised by the row lock, the loser's guard no longer matches, and
 its statement changes nothing. Nothing is read first and judged in Python.
 
-Templates use ``{now}`` for the clock (``clock.py``) and ``{lease}`` for the
-quoted table name; values are always ``%(name)s`` parameters. ``statement()``
-picks the variant for a connection and is the only place that does.
+Templates use ``{now}`` for the clock (``clock.py``), ``{lease}`` (and the
+like) for quoted table names and ``{step_columns}`` for the step's columns;
+values are always ``%(name)s`` parameters. ``statement()`` picks the variant
+for a connection and is the only place that does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django.clock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS, SQLITE_NOW_MS
+from pikku_django.sql.attempts import ATTEMPT_STATEMENTS
 from pikku_django.sql.leases import (
     DB_NOW,
     LEASE_STATEMENTS,
@@ -50,7 +52,7 @@ Variants = dict[str, "str | tuple[str, ...]"]
 
 #: Every statement by name: ``{name: {variant: template}}``. A variant missing
 #: for ``mariadb`` falls back to ``mysql``.
-STATEMENTS: dict[str, Variants] = {**LEASE_STATEMENTS, **STEP_STATEMENTS}
+STATEMENTS: dict[str, Variants] = {**LEASE_STATEMENTS, **STEP_STATEMENTS, **ATTEMPT_STATEMENTS}
 
 _NOW = {"postgresql": POSTGRESQL_NOW_MS, "sqlite": SQLITE_NOW_MS, "mysql": MYSQL_NOW_MS}
 
@@ -107,6 +109,9 @@ def _render(name: str, which: str) -> str | tuple[str, ...]:
         "step": quote.format(WorkflowStep._meta.db_table),
         "attempt": quote.format(WorkflowStepAttempt._meta.db_table),
     }
+    columns = [quote.format(f.column) for f in WorkflowStep._meta.concrete_fields]
+    fill["step_columns"] = ", ".join(columns)
+    fill["step_columns_s"] = ", ".join(f"s.{column}" for column in columns)
     if isinstance(template, tuple):
         return tuple(part.format(**fill) for part in template)
     return template.format(**fill)

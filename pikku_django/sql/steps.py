@@ -35,6 +35,9 @@ _STEP_CLAIM_SET = """
 
 #: One round trip: the guarded UPDATE and the attempt's history row in one
 #: statement (a data-modifying CTE is atomic with the statement around it).
+#: The step's columns are named (the model's), never ``*``: a statement
+#: prepared on a long-lived connection keeps its result type when a migration
+#: adds a column.
 POSTGRESQL_STEP_CLAIM = (
     """
 WITH clock AS (SELECT {now} AS now_ms),
@@ -43,11 +46,11 @@ claimed AS (
     + _STEP_CLAIM_SET.replace("{now_ms}", "clock.now_ms").replace("{q}", '"')
     + """    FROM clock WHERE"""
     + _STEP_CLAIM_GUARD.replace("{now_ms}", "clock.now_ms").replace("{q}", '"')
-    + """    RETURNING s.*
+    + """    RETURNING {step_columns_s}
 ),
 history AS (
     INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
-    SELECT "id", "attempt", 'running', %(holder)s, {now_dt}, {now_dt} FROM claimed
+    SELECT "id", "attempt", 'running', %(holder)s::varchar, {now_dt}, {now_dt} FROM claimed
     ON CONFLICT ("step_id", "attempt")
     DO UPDATE SET "status" = 'running', "holder" = EXCLUDED."holder", "running_at" = EXCLUDED."running_at"
 )

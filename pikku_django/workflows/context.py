@@ -16,6 +16,7 @@ from pikku_django.errors import (
     StepFunctionMismatchError,
     StepSupersededError,
 )
+from pikku_django.keeper import keeper
 from pikku_django.leases import HeldLease, KeepAlive
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.current import StepHandle, running_step
@@ -30,7 +31,11 @@ RETRY_SOON_MS = 1_000
 
 
 class StepLeaseRenewal(KeepAlive):
-    """Keeps one attempt's step lease renewed while its function runs."""
+    """
+    Keeps one attempt's step lease renewed while its function runs, through
+    the process's keeper (one renewal thread for every step lease held). It
+    answers "lost" once the step is no longer running as this attempt.
+    """
 
     def __init__(self, step: WorkflowStep, lease_ms: int, using: str) -> None:
         super().__init__(f"step {step.step_name!r} (attempt {step.attempt})", lease_ms, using)
@@ -41,6 +46,12 @@ class StepLeaseRenewal(KeepAlive):
         return WorkflowStep.objects.db_manager(self.using).refresh_lease(
             self.step_id, self.ttl_ms, attempt=self.attempt
         )
+
+    def start(self) -> None:
+        keeper().keep(self)
+
+    def stop(self) -> None:
+        keeper().drop(self)
 
 
 def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -110,9 +121,30 @@ class RunContext(WaitsMixin):
         step = self._steps.get(name)
         if step is None:
             self._check_live()
-            step = steps.insert_step(
-                self.run, name, rpc_name, _step_data(args, kwargs), retries=retries, retry_delay=retry_delay
+            # A step run for the first time is inserted already claimed: one commit.
+            started = steps.start_step(
+                self.run_id,
+                name,
+                rpc_name,
+                lease_ms,
+                _step_data(args, kwargs),
+                retries=retries,
+                retry_delay=retry_delay,
+                holder=self.holder,
             )
+            if started is not None:
+                # Its start was guarded by the run's state (active, not past its
+                # deadline), so the check after a claim is already made.
+                self._execute(started, fn, args, kwargs, lease_ms, checked=True)
+                step = started if started.status == "succeeded" else steps.get(pk=started.pk)
+            else:
+                # Another pass inserted it after this one read the run's steps, or
+                # the run was cancelled, ended or timed out: _check_run says which.
+                found = steps.filter(run_id=self.run_id, step_name=name).first()
+                if found is None:
+                    now = self._check_run()
+                    raise Suspend(now + RETRY_SOON_MS, f"step {name!r} could not be started")
+                step = found
         if step.rpc_name != rpc_name:
             raise StepFunctionMismatchError(self.run_id, name, step.rpc_name, rpc_name)
 
@@ -126,14 +158,15 @@ class RunContext(WaitsMixin):
                 due = int(step.updated_at.timestamp() * 1000) + step.retry_delay
                 if Lease.objects.db_manager(self._using).db_now_ms() < due:
                     raise Suspend(due, f"step {name!r} waits {step.retry_delay} ms to retry")
-            claimed = steps.claim(self.run_id, name, rpc_name, lease_ms, holder=self.holder)
-            if claimed is None:
+            attempt = steps.claim_attempt(self.run_id, name, rpc_name, lease_ms, holder=self.holder)
+            if attempt is None:
                 step = steps.get(pk=step.pk)
                 self._wait_for(step)
                 continue
-            step = claimed
+            step.attempt, step.status = attempt, "running"
             self._execute(step, fn, args, kwargs, lease_ms)
-            step = steps.get(pk=step.pk)
+            if step.status != "succeeded":
+                step = steps.get(pk=step.pk)
 
     def _wait_for(self, step: WorkflowStep) -> None:
         """A step this pass could not claim: replay it, or suspend until it can move."""
@@ -161,10 +194,17 @@ class RunContext(WaitsMixin):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         lease_ms: int,
+        *,
+        checked: bool = False,
     ) -> None:
-        """Run one attempt under its step lease and record its outcome, fenced to it."""
-        steps = WorkflowStep.objects.db_manager(self._using)
-        self._check_claimed(step)
+        """
+        Run one attempt under its step lease and record its outcome, fenced to
+        it. A success is left on ``step`` (status and result as a replay will
+        see them); after a failure the caller reads the step again. ``checked``:
+        the claim itself was guarded by the run's state.
+        """
+        if not checked:
+            self._check_claimed(step)
         renewal = StepLeaseRenewal(step, lease_ms, self._using)
         renewal.start()
         try:
@@ -173,20 +213,24 @@ class RunContext(WaitsMixin):
         except Exception as error:
             renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
-            self._fenced(steps.record_error, step, error)
+            self._fenced(step, error=error)
             return
         finally:
             renewal.stop()
         try:
-            # record_result refuses a non-JSON result before any SQL runs.
-            self._fenced(steps.record_result, step, result)
+            # The result is refused before any SQL runs when it is not JSON.
+            stored = self._fenced(step, result=result)
         except InvalidArgumentError as error:
             bad = TypeError(f"Step {step.step_name!r} returned a result that is not JSON: {error}")
-            self._fenced(steps.record_error, step, bad)
+            self._fenced(step, error=bad)
+            return
+        step.status, step.result, step.error, step.lease_expires_at = "succeeded", stored, None, None
 
-    def _fenced(self, record: Callable[..., None], step: WorkflowStep, value: Any) -> None:
+    def _fenced(self, step: WorkflowStep, **outcome: Any) -> Any:
         try:
-            record(step.pk, value, attempt=step.attempt)
+            return WorkflowStep.objects.db_manager(self._using).finish_attempt(
+                step.pk, step.attempt, **outcome
+            )
         except StepSupersededError:
             # A newer attempt owns the step (this one's lease lapsed): its
             # outcome is the step's, and this pass is stale.

@@ -110,6 +110,20 @@ def run_workflow(
         run = runs.get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
         raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.") from None
+    drive_run(run, holder=holder, stop=stop)
+    return runs.get(pk=run.pk)
+
+
+def drive_run(
+    run: WorkflowRun, *, holder: str | None = None, stop: threading.Event | None = None
+) -> WorkflowRun:
+    """
+    ``run_workflow`` on a run already read (a worker's take reads it): one
+    pass, without reading the run before or after. Returns ``run``, with the
+    outcome when this pass recorded one (status, output, error).
+    """
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    runs = WorkflowRun.objects.using(alias)
     if run.status not in ACTIVE_RUN_STATUSES:
         return run
     try:
@@ -117,7 +131,7 @@ def run_workflow(
     except InvalidArgumentError:
         logger.error("Run %s is of workflow %r, which this process does not know.", run.pk, run.workflow)
         _set_wake(run, DbNowMs() + UNKNOWN_WORKFLOW_RETRY_MS)
-        return runs.get(pk=run.pk)
+        return run
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
             if run.status == "suspended":
@@ -132,7 +146,7 @@ def run_workflow(
     except LeaseLostError:
         # What the pass wrote stays: every step write was fenced to its attempt.
         logger.warning("Run %s lost its run lease during a pass.", run.pk)
-    return runs.get(pk=run.pk)
+    return run
 
 
 def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
@@ -170,7 +184,10 @@ def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
     Record the run's outcome, unless it already has one (the status guard),
     and hand it to a parent waiting on it in the same transaction.
     """
-    finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields)
+    if finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields):
+        run.status, run.wake_at = status, None
+        for name, value in fields.items():
+            setattr(run, name, value)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:

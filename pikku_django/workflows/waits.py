@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from pikku_django import validate
-from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.clock import DbNow
 from pikku_django.errors import (
     InvalidArgumentError,
     SignalTimeoutError,
@@ -283,13 +283,8 @@ class WaitsMixin:
         Before a step: stop if the run was cancelled (or ended) elsewhere, and
         time it out if its deadline has passed. Returns the DB clock's now.
         """
-        row = (
-            WorkflowRun.objects.using(self._using)
-            .filter(pk=self.run_id)
-            .annotate(db_now_ms=DbNowMs())
-            .values_list("status", "deadline_at", "db_now_ms")
-            .first()
-        )
+        # One prepared read (see sql.attempts.POSTGRESQL_RUN_STATE): it runs before every step.
+        row = WorkflowStep.objects.db_manager(self._using).run_state(self.run_id)
         if row is None or row[0] not in ACTIVE_RUN_STATUSES:
             raise Stop("the run was cancelled or ended elsewhere")
         status, deadline_at, now = row

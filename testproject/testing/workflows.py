@@ -173,3 +173,14 @@ def cancellable(ctx: Any, input: dict[str, Any]) -> Any:
     held = ctx.step("hold", watch_for_cancel, str(ctx.run_id), input["path"], lease_ms=input["lease_ms"])
     after = ctx.step("after", plain_step, str(ctx.run_id), "after")
     return [held, after]
+
+
+def no_io_step(i: int) -> int:
+    """A step body that does no I/O: what the runtime alone costs."""
+    return i
+
+
+@workflow("test.noop")
+def noop(ctx: Any, input: dict[str, Any]) -> int:
+    """``input["steps"]`` steps whose bodies do no I/O (the throughput benchmark's workflow)."""
+    return sum(ctx.step(f"s{i}", no_io_step, i) for i in range(input.get("steps", 10)))

@@ -1,0 +1,325 @@
+"""
+The runtime's step path: two commits per attempt, each writing the step and
+its attempt's history row together, and nothing read back that the statement
+could return.
+
+- ``start_step``: a step run for the first time is inserted already claimed
+  (running, attempt 1, under its lease, with its attempt row).
+- ``claim_attempt``: the guarded claim of ``claim()``, answering only the
+  attempt number now run.
+- ``finish_attempt``: the attempt's outcome, fenced to it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from pikku_django import sql, validate
+from pikku_django.conf import conf
+from pikku_django.errors import InvalidArgumentError, StepSupersededError
+from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
+
+if TYPE_CHECKING:
+    from pikku_django.models import WorkflowStep
+
+
+def json_text(argument: str, value: Any) -> str | None:
+    """``value`` as the JSON text stored for it (None is SQL NULL): validated and encoded at once."""
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{argument} must be JSON-serialisable: {e}") from e
+
+
+def _holder(holder: str | None) -> str:
+    """The worker's name as an attempt row stores it ("" when none is given)."""
+    return "" if holder is None else validate.name("holder", holder)
+
+
+@contextmanager
+def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[None]:
+    """
+    One transaction around the two statements of a step write. On
+    MySQL/MariaDB it is opened and closed in a round trip each, where
+    Django's ``atomic()`` spends two more switching autocommit off and on
+    again; elsewhere, and inside an atomic block, it is ``atomic()``.
+    """
+    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic(using=connection.alias):
+            yield
+        return
+    cursor.execute(sql.statement("transaction_begin", connection))
+    try:
+        yield
+    except BaseException:
+        # A broken connection has rolled back on the server already.
+        with suppress(Exception):
+            cursor.execute(sql.statement("transaction_rollback", connection))
+        raise
+    cursor.execute(sql.statement("transaction_commit", connection))
+
+
+def batch(
+    connection: BaseDatabaseWrapper, cursor: Any, names: list[str], params: dict[str, Any]
+) -> list[Any]:
+    """
+    MySQL/MariaDB: the statements ``names`` in one transaction and one round
+    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``).
+    Returns each statement's (rows matched, LAST_INSERT_ID, rows, description).
+    An error stops
+    the server at that statement, and the transaction is rolled back.
+    """
+    texts = [sql.statement(name, connection) for name in names]
+    results = []
+
+    def result() -> tuple[Any, ...]:
+        rows = cursor.fetchall() if cursor.description else None
+        return (cursor.rowcount, cursor.lastrowid, rows, cursor.description)
+
+    if not connection.settings_dict["OPTIONS"].get("multi_statements", True):
+        # The project turned multi-statements off: the same transaction, a statement at a time.
+        with one_transaction(connection, cursor):
+            for text in texts:
+                cursor.execute(text, params)
+                results.append(result())
+        return results
+    explicit = connection.get_autocommit() and not connection.in_atomic_block
+    if explicit:
+        texts = [sql.statement("transaction_begin", connection), *texts]
+        texts.append(sql.statement("transaction_commit", connection))
+    try:
+        cursor.execute(";\n".join(text.strip() for text in texts), params)
+        results.append(result())
+        with connection.wrap_database_errors:
+            while cursor.nextset():
+                results.append(result())
+    except BaseException:
+        if explicit:
+            # A broken connection has rolled back on the server already.
+            with suppress(Exception):
+                cursor.execute(sql.statement("transaction_rollback", connection))
+        raise
+    return results[1:-1] if explicit else results
+
+
+class StepAttemptsMixin:
+    """The fast path of ``WorkflowStepManager`` (see the module docstring)."""
+
+    model: type[WorkflowStep]
+    _db: str | None
+
+    def _write_connection(self) -> BaseDatabaseWrapper:
+        return connections[self._db if self._db else router.db_for_write(self.model)]
+
+    def run_state(self, run_id: Any) -> tuple[str, int | None, int] | None:
+        """The run's status and ``deadline_at``, and the DB clock's now; None if there is no such run."""
+        from pikku_django.models import WorkflowRun
+
+        connection = self._write_connection()
+        params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection)}
+        with hot_cursor(connection) as cursor:
+            cursor.execute(sql.statement("run_state", connection), params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return str(row[0]), None if row[1] is None else int(row[1]), int(row[2])
+
+    def start_step(
+        self,
+        run_id: Any,
+        step_name: str,
+        rpc_name: str,
+        lease_ms: int,
+        data: Any = None,
+        retries: int | None = None,
+        retry_delay: int | None = None,
+        *,
+        holder: str | None = None,
+    ) -> WorkflowStep | None:
+        """
+        Insert a new step already claimed: running as attempt 1 under a lease
+        of ``lease_ms``, with its attempt row (naming ``holder``, the worker),
+        in one commit, while the run is active and not past its deadline. None
+        when the run has a step of this name already (claim it instead), or
+        is cancelled, ended or past its deadline. The returned step is built
+        in memory: its timestamps and lease expiry are not read.
+        """
+        params: dict[str, Any] = {
+            "step_name": validate.name("step_name", step_name),
+            "rpc_name": validate.name("rpc_name", rpc_name),
+            "lease_ms": validate.positive_ms("lease_ms", lease_ms),
+            "data": json_text("data", data),
+            "retries": conf.STEP_RETRIES if retries is None else validate.whole("retries", retries),
+            "retry_delay": None if retry_delay is None else validate.whole("retry_delay", retry_delay),
+            "holder": _holder(holder),
+        }
+        connection = self._write_connection()
+        ensure_autocommit(connection)
+        step_id = uuid.uuid4()
+        params["step_id"] = self.model._meta.pk.get_db_prep_value(step_id, connection)
+        params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
+        params.update(now_params(connection))
+        with hot_cursor(connection) as cursor:
+            if not self._start(connection, cursor, params):
+                return None
+        step = self.model(
+            id=step_id,
+            run_id=run_id,
+            step_name=step_name,
+            rpc_name=rpc_name,
+            data=data,
+            status="running",
+            retries=params["retries"],
+            retry_delay=params["retry_delay"],
+            attempt=1,
+        )
+        step._state.adding = False
+        step._state.db = connection.alias
+        return step
+
+    def _start(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
+        text = sql.statement("step_start", connection)
+        if connection.vendor == "postgresql":
+            # The step and its attempt row are one statement (sql.POSTGRESQL_STEP_START).
+            cursor.execute(text, params)
+            return cursor.fetchone() is not None
+        if connection.vendor == "mysql":
+            # The step and its attempt row in one transaction and one round trip;
+            # a duplicate (run, step name) stops it at the step row.
+            try:
+                (inserted, *_), _ = batch(connection, cursor, ["step_start", "step_start_history"], params)
+            except IntegrityError:
+                return False
+            return bool(inserted == 1)
+        history = sql.statement("step_claim_history", connection)
+        with one_transaction(connection, cursor):
+            cursor.execute(text, params)
+            if cursor.fetchone() is None:
+                return False
+            cursor.execute(
+                history,
+                {
+                    "step_id": params["step_id"],
+                    "attempt": 1,
+                    "holder": params["holder"],
+                    **now_params(connection),
+                },
+            )
+        return True
+
+    def claim_attempt(
+        self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
+    ) -> int | None:
+        """
+        ``claim()``, answering only the attempt number now run (or None, after
+        the same settling: a mismatched function raises, a step whose worker
+        vanished on its last attempt is failed and its run woken). ``holder``
+        (the worker's name) is written on the attempt's history row.
+        """
+        params: dict[str, Any] = {
+            "step_name": validate.name("step_name", step_name),
+            "rpc_name": validate.name("rpc_name", rpc_name),
+            "lease_ms": validate.positive_ms("lease_ms", lease_ms),
+            "holder": _holder(holder),
+        }
+        connection = self._write_connection()
+        ensure_autocommit(connection)
+        params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
+        params.update(now_params(connection))
+        text = sql.statement("step_claim_attempt", connection)
+        attempt: int | None = None
+        with hot_cursor(connection) as cursor:
+            if connection.vendor == "postgresql":
+                # The UPDATE and the history row are one statement.
+                cursor.execute(text, params)
+                row = cursor.fetchone()
+                attempt = None if row is None else int(row[0])
+            elif connection.vendor == "sqlite":
+                with one_transaction(connection, cursor):
+                    cursor.execute(text, params)
+                    row = cursor.fetchone()
+                    if row is not None:
+                        attempt = int(row[1])
+                        history = sql.statement("step_claim_history", connection)
+                        cursor.execute(
+                            history,
+                            {
+                                "step_id": row[0],
+                                "attempt": attempt,
+                                "holder": params["holder"],
+                                **now_params(connection),
+                            },
+                        )
+            else:
+                # The claim and its history row in one transaction and one round trip.
+                _, (matched, claimed, _, _), _ = batch(
+                    connection, cursor, ["mark", "step_claim_attempt", "step_claim_attempt_history"], params
+                )
+                if matched == 1:
+                    # Rows matched (CLIENT.FOUND_ROWS); the attempt rides in LAST_INSERT_ID.
+                    attempt = int(claimed)
+        if attempt is None:
+            self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
+        return attempt
+
+    def finish_attempt(
+        self, step_id: Any, attempt: int, *, result: Any = None, error: BaseException | None = None
+    ) -> Any:
+        """
+        Record attempt ``attempt``'s outcome: failed with ``error`` when one is
+        given, else succeeded with ``result``. One commit, fenced to the
+        attempt: a superseded attempt raises ``StepSupersededError`` and
+        writes nothing. Returns the result as a replay will return it (its
+        JSON round trip).
+        """
+        validate.whole("attempt", attempt, minimum=1)
+        if error is not None:
+            if not isinstance(error, BaseException):
+                raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}.")
+            status, result_text, error_text = "failed", None, json.dumps(serialize_error(error))
+        else:
+            status, result_text, error_text = "succeeded", json_text("result", result), None
+        connection = self._write_connection()
+        params: dict[str, Any] = {
+            "step_id": self.model._meta.pk.get_db_prep_value(step_id, connection),
+            "attempt": attempt,
+            "status": status,
+            "result": result_text,
+            "error": error_text,
+            **now_params(connection),
+        }
+        text = sql.statement("step_finish", connection)
+        with hot_cursor(connection) as cursor:
+            if connection.vendor == "postgresql":
+                # The fenced UPDATE and the history row are one statement.
+                cursor.execute(text, params)
+                written = cursor.fetchone() is not None
+            elif connection.vendor == "mysql":
+                # The fenced UPDATE and its history row in one transaction and one round trip.
+                _, (matched, *_), _ = batch(
+                    connection, cursor, ["mark", "step_finish", "step_finish_history"], params
+                )
+                written = matched == 1
+            else:
+                try:
+                    with one_transaction(connection, cursor):
+                        cursor.execute(text, params)
+                        if cursor.rowcount != 1:
+                            raise StepSupersededError(step_id, attempt)
+                        cursor.execute(sql.statement("step_finish_history", connection), params)
+                except StepSupersededError:
+                    written = False
+                else:
+                    written = True
+        if not written:
+            raise StepSupersededError(step_id, attempt)
+        return None if result_text is None else json.loads(result_text)

@@ -1,0 +1,249 @@
+"""
+The runtime's step path: a new step inserted already claimed, an attempt
+claimed, an attempt's outcome recorded. Each is one commit that writes the
+step and its attempt's history row together; on PostgreSQL each is one
+statement (a data-modifying CTE is atomic with the statement around it).
+"""
+
+from __future__ import annotations
+
+from pikku_django.sql.steps import MYSQL_STEP_CLAIM, POSTGRESQL_STEP_CLAIM, SQLITE_STEP_CLAIM
+
+#: The guard every start carries: the run is still active (not cancelled or
+#: ended elsewhere) and not past its deadline, judged in the same statement,
+#: so a step of a run that was cancelled or timed out is never started (the
+#: pass then finds out why and stops). ``{now_ms}`` is the statement's now.
+_RUN_ACTIVE = """
+    EXISTS (SELECT 1 FROM {run} r WHERE r.{q}id{q} = %(run_id)s{uuid}
+        AND r.{q}status{q} IN ('running', 'suspended')
+        AND (r.{q}deadline_at{q} IS NULL OR r.{q}deadline_at{q} > {now_ms}))
+"""
+
+#: A step run for the first time is inserted running, attempt 1, under its
+#: lease, with its attempt row, while its run is active (``_RUN_ACTIVE``).
+#: ``ON CONFLICT DO NOTHING``: a step that exists already (another pass
+#: inserted it after this pass read the run's steps) returns no row, and the
+#: caller claims it through the guarded claim instead. Every parameter is
+#: typed, so the statement is the same under either binding.
+POSTGRESQL_STEP_START = (
+    """
+WITH clock AS (SELECT {now} AS now_ms, clock_timestamp() AS now_dt),
+inserted AS (
+    INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
+        "retry_delay", "attempt", "lease_expires_at", "created_at", "updated_at")
+    SELECT %(step_id)s::uuid, %(run_id)s::uuid, %(step_name)s::varchar, %(rpc_name)s::varchar,
+        %(data)s::jsonb, 'running', %(retries)s::integer, %(retry_delay)s::integer, 1,
+        clock.now_ms + %(lease_ms)s::bigint, clock.now_dt, clock.now_dt
+    FROM clock
+    WHERE"""
+    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "::uuid").replace("{now_ms}", "clock.now_ms")
+    + """    ON CONFLICT ("run_id", "step_name") DO NOTHING
+    RETURNING "id", "updated_at"
+),
+history AS (
+    INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
+    SELECT "id", 1, 'running', %(holder)s::varchar, "updated_at", "updated_at" FROM inserted
+)
+SELECT "id" FROM inserted
+"""
+)
+
+#: SQLite and MySQL/MariaDB: the step row, then its history row
+#: (``step_claim_history``), in one transaction.
+SQLITE_STEP_START = (
+    """
+INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
+    "retry_delay", "attempt", "lease_expires_at", "created_at", "updated_at")
+SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
+    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+WHERE"""
+    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "").replace("{now_ms}", "{now}")
+    + """ON CONFLICT ("run_id", "step_name") DO NOTHING
+RETURNING "id"
+"""
+)
+
+#: A duplicate (run, step name) raises IntegrityError, which rolls back only
+#: this statement; the caller rolls the transaction back and claims instead.
+#: A run no longer active inserts no row, and then no history row either
+#: (``MYSQL_STEP_START_HISTORY`` copies the step row just inserted).
+MYSQL_STEP_START = """
+INSERT INTO {step} (`id`, `run_id`, `step_name`, `rpc_name`, `data`, `status`, `retries`,
+    `retry_delay`, `attempt`, `lease_expires_at`, `created_at`, `updated_at`)
+SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
+    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+FROM DUAL WHERE""" + _RUN_ACTIVE.replace("{q}", "`").replace("{uuid}", "").replace("{now_ms}", "{now}")
+
+MYSQL_STEP_START_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `holder`, `created_at`, `running_at`)
+SELECT s.`id`, 1, 'running', %(holder)s, s.`created_at`, s.`created_at` FROM {step} AS s
+WHERE s.`id` = %(step_id)s
+"""
+
+#: The guarded claim (``sql.steps``), answering only what the runtime needs:
+#: the attempt it now runs. The guard and the history row are unchanged.
+POSTGRESQL_STEP_CLAIM_ATTEMPT = POSTGRESQL_STEP_CLAIM.replace(
+    "SELECT * FROM claimed", 'SELECT "attempt" FROM claimed'
+)
+assert POSTGRESQL_STEP_CLAIM_ATTEMPT != POSTGRESQL_STEP_CLAIM
+
+SQLITE_STEP_CLAIM_ATTEMPT = SQLITE_STEP_CLAIM.replace("RETURNING *", 'RETURNING "id", "attempt"')
+assert SQLITE_STEP_CLAIM_ATTEMPT != SQLITE_STEP_CLAIM
+
+#: No UPDATE ... RETURNING: the attempt now run travels back through
+#: LAST_INSERT_ID(expr) (the client's insert id, no second statement), and the
+#: row count (rows matched, CLIENT.FOUND_ROWS) says whether the guard matched,
+#: as in ``sql.MYSQL_LEASE_REFRESH``.
+_MYSQL_ATTEMPT_SET = (
+    "`attempt` = CASE WHEN s.`status` IN ('pending', 'scheduled')\n"
+    "        THEN s.`attempt` ELSE s.`attempt` + 1 END,"
+)
+MYSQL_STEP_CLAIM_ATTEMPT = MYSQL_STEP_CLAIM.replace(
+    _MYSQL_ATTEMPT_SET,
+    "`attempt` = LAST_INSERT_ID(CASE WHEN s.`status` IN ('pending', 'scheduled')\n"
+    "        THEN s.`attempt` ELSE s.`attempt` + 1 END),",
+)
+assert MYSQL_STEP_CLAIM_ATTEMPT != MYSQL_STEP_CLAIM
+
+#: The claimed attempt's history row, taken from the step row this
+#: transaction has just claimed and still holds locked. It is sent in the same
+#: round trip as the claim (see ``MYSQL_MARK``), so it writes only when the
+#: claim's LAST_INSERT_ID carries the attempt it claimed.
+MYSQL_STEP_CLAIM_ATTEMPT_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `holder`, `created_at`, `running_at`)
+SELECT s.`id`, s.`attempt`, 'running', %(holder)s, {now_dt}, {now_dt} FROM {step} AS s
+WHERE s.`run_id` = %(run_id)s AND s.`step_name` = %(step_name)s AND s.`status` = 'running'
+    AND s.`attempt` = LAST_INSERT_ID()
+ON DUPLICATE KEY UPDATE {attempt}.`status` = 'running', {attempt}.`holder` = %(holder)s,
+    {attempt}.`running_at` = {now_dt}
+"""
+
+#: The step as the claim left it, read in the claim's own round trip, under
+#: the row lock the claim holds: a row only when the claim matched.
+MYSQL_STEP_CLAIMED = """
+SELECT {step_columns} FROM {step}
+WHERE `run_id` = %(run_id)s AND `step_name` = %(step_name)s AND `status` = 'running'
+    AND `attempt` = LAST_INSERT_ID()
+"""
+
+#: MySQL/MariaDB send a step write's statements in one round trip (mysqlclient
+#: enables multi-statements): ``START TRANSACTION``, the guarded write, its
+#: history row, ``COMMIT``. The history row cannot wait for the client to read
+#: the guard's outcome, so the guard leaves it in LAST_INSERT_ID, reset here
+#: first (0 is no attempt), and the history statement writes only on a match.
+MYSQL_MARK = "DO LAST_INSERT_ID(0)"
+
+#: An attempt's outcome, fenced to it: only while the step is still running
+#: as this attempt does the UPDATE match, and only then is the history row
+#: written (from the UPDATE's own RETURNING). A superseded attempt returns no
+#: row and changes nothing. JSON travels as text, cast once.
+POSTGRESQL_STEP_FINISH = """
+WITH finished AS (
+    UPDATE {step} SET "status" = %(status)s::varchar, "result" = %(result)s::jsonb,
+        "error" = %(error)s::jsonb, "lease_expires_at" = NULL, "updated_at" = clock_timestamp()
+    WHERE "id" = %(step_id)s::uuid AND "status" = 'running' AND "attempt" = %(attempt)s::integer
+    RETURNING "id", "attempt", "status", "result", "error", "updated_at"
+),
+history AS (
+    INSERT INTO {attempt} AS a ("step_id", "attempt", "status", "result", "error", "created_at",
+        "succeeded_at", "failed_at")
+    SELECT "id", "attempt", "status", "result", "error", "updated_at",
+        CASE WHEN "status" = 'succeeded' THEN "updated_at" END,
+        CASE WHEN "status" = 'failed' THEN "updated_at" END
+    FROM finished
+    ON CONFLICT ("step_id", "attempt") DO UPDATE SET "status" = EXCLUDED."status",
+        "result" = EXCLUDED."result", "error" = EXCLUDED."error",
+        "succeeded_at" = COALESCE(EXCLUDED."succeeded_at", a."succeeded_at"),
+        "failed_at" = COALESCE(EXCLUDED."failed_at", a."failed_at")
+)
+SELECT "id" FROM finished
+"""
+
+#: SQLite and MySQL/MariaDB: the fenced UPDATE (its row count decides), then
+#: the history row (``step_finish_history``), in one transaction.
+SQLITE_STEP_FINISH = """
+UPDATE {step} SET "status" = %(status)s, "result" = %(result)s, "error" = %(error)s,
+    "lease_expires_at" = NULL, "updated_at" = {now_dt}
+WHERE "id" = %(step_id)s AND "status" = 'running' AND "attempt" = %(attempt)s
+"""
+
+MYSQL_STEP_FINISH = """
+UPDATE {step} SET `status` = %(status)s, `result` = %(result)s, `error` = %(error)s,
+    `lease_expires_at` = NULL, `updated_at` = {now_dt}, `attempt` = LAST_INSERT_ID(`attempt`)
+WHERE `id` = %(step_id)s AND `status` = 'running' AND `attempt` = %(attempt)s
+"""
+
+SQLITE_STEP_FINISH_HISTORY = """
+INSERT INTO {attempt} ("step_id", "attempt", "status", "result", "error", "created_at",
+    "succeeded_at", "failed_at")
+VALUES (%(step_id)s, %(attempt)s, %(status)s, %(result)s, %(error)s, {now_dt},
+    CASE WHEN %(status)s = 'succeeded' THEN {now_dt} END, CASE WHEN %(status)s = 'failed' THEN {now_dt} END)
+ON CONFLICT ("step_id", "attempt") DO UPDATE SET "status" = excluded."status",
+    "result" = excluded."result", "error" = excluded."error",
+    "succeeded_at" = COALESCE(excluded."succeeded_at", "succeeded_at"),
+    "failed_at" = COALESCE(excluded."failed_at", "failed_at")
+"""
+
+#: Written only when the fenced UPDATE matched (its LAST_INSERT_ID, see ``MYSQL_MARK``).
+MYSQL_STEP_FINISH_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `result`, `error`, `created_at`,
+    `succeeded_at`, `failed_at`)
+SELECT %(step_id)s, %(attempt)s, %(status)s, %(result)s, %(error)s, {now_dt},
+    CASE WHEN %(status)s = 'succeeded' THEN {now_dt} END, CASE WHEN %(status)s = 'failed' THEN {now_dt} END
+FROM DUAL WHERE LAST_INSERT_ID() = %(attempt)s
+ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`),
+    `error` = VALUES(`error`), `succeeded_at` = COALESCE(VALUES(`succeeded_at`), `succeeded_at`),
+    `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
+"""
+
+#: What a pass checks before each step's function runs (a run cancelled or
+#: past its deadline elsewhere): the run's status and deadline, and now. A
+#: read, prepared like the step statements, so the check costs a round trip.
+POSTGRESQL_RUN_STATE = """
+SELECT "status", "deadline_at", {now} FROM {run} WHERE "id" = %(run_id)s::uuid
+"""
+SQLITE_RUN_STATE = """
+SELECT "status", "deadline_at", {now} FROM {run} WHERE "id" = %(run_id)s
+"""
+MYSQL_RUN_STATE = """
+SELECT `status`, `deadline_at`, {now} FROM {run} WHERE `id` = %(run_id)s
+"""
+
+#: MySQL/MariaDB open and close the transaction of a step write inside its
+#: one round trip (Django's ``atomic()`` spends four: ``SET autocommit`` off,
+#: then COMMIT and ``SET autocommit`` on, each its own).
+TRANSACTION_BEGIN = "START TRANSACTION"
+TRANSACTION_COMMIT = "COMMIT"
+TRANSACTION_ROLLBACK = "ROLLBACK"
+
+#: The runtime's step statements by name and variant (see ``sql.STATEMENTS``).
+ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "step_start": {
+        "postgresql": POSTGRESQL_STEP_START,
+        "sqlite": SQLITE_STEP_START,
+        "mysql": MYSQL_STEP_START,
+    },
+    "step_claim_attempt": {
+        "postgresql": POSTGRESQL_STEP_CLAIM_ATTEMPT,
+        "sqlite": SQLITE_STEP_CLAIM_ATTEMPT,
+        "mysql": MYSQL_STEP_CLAIM_ATTEMPT,
+    },
+    "step_start_history": {"mysql": MYSQL_STEP_START_HISTORY},
+    "step_claim_attempt_history": {"mysql": MYSQL_STEP_CLAIM_ATTEMPT_HISTORY},
+    "step_claimed": {"mysql": MYSQL_STEP_CLAIMED},
+    "step_finish": {
+        "postgresql": POSTGRESQL_STEP_FINISH,
+        "sqlite": SQLITE_STEP_FINISH,
+        "mysql": MYSQL_STEP_FINISH,
+    },
+    "step_finish_history": {"sqlite": SQLITE_STEP_FINISH_HISTORY, "mysql": MYSQL_STEP_FINISH_HISTORY},
+    "run_state": {
+        "postgresql": POSTGRESQL_RUN_STATE,
+        "sqlite": SQLITE_RUN_STATE,
+        "mysql": MYSQL_RUN_STATE,
+    },
+    "mark": {"mysql": MYSQL_MARK},
+    "transaction_begin": {"mysql": TRANSACTION_BEGIN},
+    "transaction_commit": {"mysql": TRANSACTION_COMMIT},
+    "transaction_rollback": {"mysql": TRANSACTION_ROLLBACK},
+}
