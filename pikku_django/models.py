@@ -244,8 +244,14 @@ class WorkflowStepAttempt(models.Model):
     status = models.CharField(max_length=16, choices=StepStatus.choices)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    # A database default too: statements that write history rows without a
+    # worker (a finish, a sleep's or a signal's step) leave it empty.
     holder = models.CharField(
-        max_length=255, blank=True, default="", help_text="The worker that claimed this attempt."
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The worker that claimed this attempt.",
     )
     created_at = models.DateTimeField()
     running_at = models.DateTimeField(null=True, blank=True)
