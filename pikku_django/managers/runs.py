@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -45,17 +44,22 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         run on each look, and a backlog would make each look slower.
         """
         order = ("-priority", "wake_at")
+        fields = ("pk", "wake_at", "queue", "priority")
         walks = [
-            self.filter(status=status, wake_at__lte=DbNowMs())
-            .order_by(*order)
-            .values_list("pk", "wake_at", "queue", "priority")[:limit]
+            self.filter(status=status, wake_at__lte=DbNowMs()).order_by(*order)
             for status in ACTIVE_RUN_STATUSES
         ]
         if connections[self.db].features.supports_slicing_ordering_in_compound:
-            rows = list(walks[0].union(*walks[1:], all=True).order_by(*order)[:limit])
+            first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
+            rows = list(first.union(*rest, all=True).order_by(*order)[:limit])
         else:
-            # SQLite: no ORDER BY ... LIMIT inside a compound statement; one walk each.
-            rows = sorted(chain.from_iterable(walks), key=lambda row: (-row[3], row[1]))[:limit]
+            # SQLite allows no ORDER BY ... LIMIT inside a compound statement:
+            # the walks pick ids as subqueries of one statement instead.
+            picked = Q()
+            for walk in walks:
+                picked |= Q(pk__in=walk.values("pk")[:limit])
+            runs = self.model._default_manager.db_manager(self.db).get_queryset()
+            rows = list(runs.filter(picked).order_by(*order).values_list(*fields)[:limit])
         return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
 
     def not_queued(self) -> WorkflowRunQuerySet:
