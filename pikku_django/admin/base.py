@@ -8,12 +8,10 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth import get_permission_codename
 from django.db import models
-from django.db.models import Count, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from pikku_django.models import Lease, WorkflowStep
+from pikku_django.models import Lease
 
 
 def format_ms(ms: int) -> str:
@@ -76,20 +74,6 @@ def has_change_perm(request: HttpRequest, model: type[models.Model]) -> bool:
     """Does the user hold the model's change permission (the admins here grant no editing)?"""
     opts = model._meta
     return bool(request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}"))
-
-
-def step_counts(status: str | None = None) -> Coalesce:
-    """
-    How many steps the outer run has (of ``status``, if given): one correlated
-    COUNT, an index probe on ``run_id``. A subquery rather than ``Count("steps")``
-    on the run query, which would join every step, GROUP BY every run column
-    (the JSON ones too, on MariaDB) and count the steps of every run before the
-    page is cut; and an action's UPDATE would inherit that join.
-    """
-    steps = WorkflowStep.objects.filter(run=OuterRef("pk"))
-    condition = Q() if status is None else Q(status=status)
-    counted = steps.order_by().values("run").annotate(n=Count("pk", filter=condition)).values("n")
-    return Coalesce(Subquery(counted), 0)
 
 
 class ReadOnlyTabularInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
