@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
 from pikku_django.conf import conf
+from pikku_django.loops import Poller
 from pikku_django.management.arguments import interval, positive_int, seconds
 from pikku_django.management.logs import configure_logging
-from pikku_django.outages import OUTAGE_ERRORS, Outage
-from pikku_django.sweep import sweep
-from pikku_django.worker import refresh_connections
+from pikku_django.sweep import SweepReport, sweep
 
 
 class Command(BaseCommand):
@@ -70,39 +69,60 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         stalled_after_ms = conf.STALLED_AFTER_MS if stalled_after is None else round(stalled_after * 1000)
-        stop = threading.Event()
-        if loop:
-            self._install_signal_handlers(stop)
         configure_logging(self.stderr, verbosity)
-        outage = Outage("pikku_sweep --loop")
-        while True:
-            refresh_connections()
-            try:
-                report = sweep(
-                    stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
-                )
-            except OUTAGE_ERRORS as error:
-                if not loop:
-                    raise
-                # A loop outlives a database restart: wait it out (a signal
-                # still ends the wait at once), then sweep again.
-                if stop.wait(outage.failed(error)):
-                    break
-                continue
-            outage.succeeded()
-            if json:
-                self.stdout.write(_json_dumps(report.as_dict()))
-            elif verbosity:
-                self.stdout.write(report.summary())
-            if not loop or stop.wait(interval):
-                break
 
-    def _install_signal_handlers(self, stop: threading.Event) -> None:
+        def report(sweep_report: SweepReport) -> None:
+            if json:
+                self.stdout.write(_json_dumps(sweep_report.as_dict()))
+            elif verbosity:
+                self.stdout.write(sweep_report.summary())
+
+        if not loop:
+            report(sweep(stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database))
+            return
+        sweeper = SweepLoop(
+            "pikku_sweep --loop",
+            interval=interval,
+            sweep=lambda: sweep(
+                stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
+            ),
+            report=report,
+        )
+        self._install_signal_handlers(sweeper)
+        # A loop outlives a database restart: the poller waits it out.
+        sweeper.run()
+
+    def _install_signal_handlers(self, sweeper: Poller) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
+            sweeper.stop()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+
+class SweepLoop(Poller):
+    """``pikku_sweep --loop``: a sweep pass every ``--interval`` seconds, reported as it goes."""
+
+    wakes = False
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        interval: float,
+        sweep: Callable[[], SweepReport],
+        report: Callable[[SweepReport], None],
+    ) -> None:
+        super().__init__(name, interval=interval)
+        self._sweep = sweep
+        self._report = report
+
+    def poll(self) -> bool:
+        self._report(self._sweep())
+        return False
+
+    def teardown(self) -> None:
+        """The command's own thread keeps its connections."""
 
 
 def _json_dumps(value: Any) -> str:
