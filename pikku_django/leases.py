@@ -8,14 +8,17 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Q, Value
 
 from pikku_django import validate
+from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError, LeaseTakenError
+from pikku_django.keeper import keeper
 from pikku_django.models import Lease
 from pikku_django.outages import drop_connections
 
@@ -82,23 +85,43 @@ class KeepAlive:
             # The thread opened its own connection; don't leak it.
             connections[self.using].close()
 
+    def batch_key(self) -> Hashable | None:
+        """
+        Renewals with the same key are sent together by ``renew_all`` (one
+        statement for many leases); None renews this one on its own.
+        """
+        return None
+
+    @classmethod
+    def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
+        """One renewal of each of ``kept`` (of one batch key); raising proves nothing for any."""
+        return [item.renew() for item in kept]
+
     def _renew_once(self) -> bool:
         """One renewal; False once the lease is known to be lost."""
         sent = time.monotonic()
         try:
             renewed = self.renew()
         except Exception as error:
-            # Logged once per run of failures (an outage), not at every try.
-            if not self._failing:
-                logger.warning("Renewing %s failed (%r); will retry.", self.name, error)
-            self._failing = True
-            # The failed connection may be broken: reconnect on the next try.
-            drop_connections()
-            if time.monotonic() >= self._valid_until:
-                logger.error("%s lapsed while renewals kept failing.", self.name)
-                self.lost.set()
-                return False
-            return True
+            return self._failed(error)
+        return self._answered(renewed, sent)
+
+    def _failed(self, error: Exception) -> bool:
+        """A renewal raised: it proves nothing, unless the lease must have run out by now."""
+        # Logged once per run of failures (an outage), not at every try.
+        if not self._failing:
+            logger.warning("Renewing %s failed (%r); will retry.", self.name, error)
+        self._failing = True
+        # The failed connection may be broken: reconnect on the next try.
+        drop_connections()
+        if time.monotonic() >= self._valid_until:
+            logger.error("%s lapsed while renewals kept failing.", self.name)
+            self.lost.set()
+            return False
+        return True
+
+    def _answered(self, renewed: bool, sent: float) -> bool:
+        """A renewal sent at ``sent`` answered; False once the lease is lost."""
         if not renewed:
             logger.warning("%s was lost.", self.name)
             self.lost.set()
@@ -123,6 +146,40 @@ class LeaseRenewal(KeepAlive):
             return False
         self.lease = renewed
         return True
+
+    def batch_key(self) -> Hashable | None:
+        return (LeaseRenewal, self.using, self.ttl_ms)
+
+    @classmethod
+    def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
+        """
+        Renew every lease of ``kept`` (one database and ttl) in one UPDATE,
+        each guarded as ``refresh`` is (this key, holder and token, still
+        live). When it renews them all, that is the answer; when it renews
+        fewer, each is asked again on its own to learn which was lost.
+        """
+        renewals = [item for item in kept if isinstance(item, LeaseRenewal)]
+        if len(renewals) < 2:
+            return super().renew_all(kept)
+        first = renewals[0]
+        mine = Q()
+        for item in renewals:
+            mine |= Q(key=item.lease.key, holder=item.lease.holder, token=item.lease.token)
+        renewed = (
+            Lease.objects.using(first.using)
+            .filter(mine, expires_at__gt=DbNowMs())
+            .update(expires_at=DbNowMs() + Value(first.ttl_ms))
+        )
+        if renewed == len(renewals):
+            return [True] * len(renewals)
+        return super().renew_all(kept)
+
+    def start(self) -> None:
+        # The process's keeper renews it: no thread of its own per lease.
+        keeper().keep(self)
+
+    def stop(self) -> None:
+        keeper().drop(self)
 
 
 class HeldLease:

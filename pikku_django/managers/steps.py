@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
@@ -259,6 +260,25 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             steps = steps.filter(attempt=attempt)
         expires = None if lease_ms is None else DbNowMs() + Value(lease_ms)
         return steps.update(lease_expires_at=expires, updated_at=DbNow()) == 1
+
+    def refresh_leases(self, attempts: Sequence[tuple[Any, int]], lease_ms: int) -> bool:
+        """
+        Renew the lease of every (step id, attempt) of ``attempts`` in one
+        UPDATE, each guarded as ``refresh_lease`` is; True if every one was
+        renewed (else ask each on its own to learn which was lost).
+        """
+        validate.positive_ms("lease_ms", lease_ms)
+        alias = self._write_db()
+        ensure_autocommit(connections[alias])
+        mine = Q()
+        for step_id, attempt in attempts:
+            mine |= Q(pk=step_id, attempt=attempt)
+        renewed = (
+            self.using(alias)
+            .filter(mine, status="running")
+            .update(lease_expires_at=DbNowMs() + Value(lease_ms), updated_at=DbNow())
+        )
+        return renewed == len(attempts)
 
     def record_result(self, step_id: Any, result: Any, attempt: int | None = None) -> None:
         """Record the step's success, fenced to ``attempt``."""
