@@ -172,3 +172,31 @@ class WorkflowTimeoutError(PikkuError):
             f"Workflow run {run_id} passed its deadline{after} on the database clock unfinished; "
             "it is failed and its children cancelled. Give it a longer timeout_ms if it needs one."
         )
+
+
+class WorkerAbort(KeyboardInterrupt):
+    """A worker's second signal: abort now. The only interrupt that stops a worker."""
+
+
+class StoreFailure(BaseException):
+    """
+    A database or store error raised while a pass ran the workflow function.
+    A BaseException, so that the workflow's own ``except Exception`` cannot
+    take a database blip for business logic: it unwinds the function, and the
+    pass is retried (an outage) or the run fails with ``RunStoreError``.
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+class RunStoreError(PikkuError):
+    """The store failed under a run's pass with an error that is not an outage."""
+
+    def __init__(self, run_id: object, cause: BaseException) -> None:
+        super().__init__(
+            f"Run {run_id}: the workflow store failed while the pass ran ({type(cause).__name__}: {cause})."
+        )
+        self.run_id = run_id
+        self.cause = cause

@@ -1,7 +1,12 @@
-"""The worker loop: drives due runs until stopped. ``pikku_worker`` is a thin shell over it."""
+"""
+The worker: lanes that drive due runs, and beside them the sweep, the
+scheduler and (on PostgreSQL) the wake-up listener, each a ``Poller``.
+``pikku_worker`` is a thin shell over ``Worker``.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import threading
@@ -9,52 +14,106 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, connections
-
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
-from pikku_django.errors import LeaseLostError
-from pikku_django.leases import default_holder
+from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, PikkuError, WorkerAbort
+from pikku_django.leases import default_holder, hold_lease
+from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers import ACTIVE_RUN_STATUSES
+from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
-from pikku_django.outages import OUTAGE_ERRORS, Outage
+from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
 from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["Lane", "Worker", "WorkerNameTakenError", "refresh_connections"]
 
-def refresh_connections() -> None:
+#: The lease that makes a worker's name its own while it runs.
+WORKER_LEASE_PREFIX = "worker:"
+
+
+class WorkerNameTakenError(PikkuError):
+    """Another live worker runs under this name."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(
+            f"Another live worker is named {holder!r}: give each worker its own --holder "
+            "(or leave it out for a unique default)."
+        )
+        self.holder = holder
+
+
+class Lane(Poller):
     """
-    Close connections the server dropped or that errors left unusable, as
-    Django does around each request, so a long-lived process never works on
-    a dead one; keep healthy ones, whatever CONN_MAX_AGE says. A worker is
-    not a request: with Django's default CONN_MAX_AGE of 0 it would otherwise
-    reconnect (and lose its prepared statements) after every run. Skipped
-    while any connection is inside an atomic block (a test case's), which
-    closing would break.
+    One of a worker's lanes: drives one run at a time, on its own thread and
+    database connection, under a holder name of its own. After a run it looks
+    for the next at once; when nothing is due it waits for a wake-up or its
+    interval.
     """
-    opened = connections.all(initialized_only=True)
-    if any(conn.in_atomic_block for conn in opened):
-        return
-    for conn in opened:
-        # close_at is when CONN_MAX_AGE would retire the connection; a worker's never retires.
-        conn.close_at = None
-        try:
-            conn.close_if_unusable_or_obsolete()
-        except DatabaseError:
-            # Closing a connection the driver already knows dead may raise;
-            # Django has let go of it all the same, and the next query reconnects.
-            logger.debug("Closing a broken connection raised.", exc_info=True)
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.interval)
+        self.worker = worker
+        self.holder = worker.lane_holder(index)
+        self.idle = False
+
+    def poll(self) -> bool:
+        took = self.worker.drive_next(self.holder)
+        self.idle = not took
+        return took
+
+    def finished(self) -> bool:
+        return (self.worker.once and self.idle) or self.worker.spent()
+
+    def teardown(self) -> None:
+        # The worker's own thread keeps its connections (a caller's, in tests).
+        if threading.current_thread() is not self.worker.thread:
+            super().teardown()
+
+
+class SweepLoop(Poller):
+    """The worker's sweep: one ``sweep()`` pass every ``--sweep-interval`` seconds."""
+
+    wakes = False
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__("pikku-sweep", stop=worker.stopping, interval=worker.sweep_interval)
+        self.using = worker.using
+
+    def poll(self) -> bool:
+        from pikku_django.sweep import sweep
+
+        report = sweep(using=self.using)
+        logger.debug("Sweep: %s", report.summary())
+        return False
+
+
+class SchedulerLoop(Poller):
+    """The worker's scheduler: one ``schedules.tick()`` a second (safe on every worker at once)."""
+
+    wakes = False
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__("pikku-scheduler", stop=worker.stopping, interval=1.0)
+        self.using = worker.using
+
+    def poll(self) -> bool:
+        from pikku_django.schedules import tick  # type: ignore[import-not-found, unused-ignore]
+
+        tick(using=self.using)
+        return False
 
 
 class Worker:
     """
     Finds runs that are due on the database clock and drives them, one pass
-    each. Many workers on many hosts may run at once: each due run is taken by
-    one guarded UPDATE of its ``wake_at`` (so two workers don't both start
-    it), and the run lease decides the rest.
+    each, on ``concurrency`` lanes. Many workers on many hosts may run at
+    once: each due run is taken by one guarded UPDATE of its ``wake_at`` (so
+    two lanes don't both start it), and the run lease decides the rest.
+    With one lane and nothing else to run, the lane runs in the calling thread.
     """
 
     def __init__(
@@ -67,105 +126,169 @@ class Worker:
         max_runs: int | None = None,
         using: str | None = None,
         queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        sweep_interval: float | None = None,
+        schedules: bool = False,
     ) -> None:
         self.holder = holder or default_holder()
         validate.name("holder", self.holder)
         # The queues this worker drives runs of; None for every queue.
         self.queues = None if queues is None else sorted({validate.queue_name("queues", q) for q in queues})
+        self.concurrency = validate.whole("concurrency", concurrency, minimum=1)
+        if sweep_interval is not None and not sweep_interval > 0:
+            raise InvalidArgumentError(f"sweep_interval must be positive, not {sweep_interval!r}.")
         self.interval = interval
         self.batch = batch
         self.once = once
         self.max_runs = max_runs
         self.using = using
+        # --once drives what is due and exits: no sweep, schedules or listener beside it.
+        self.sweep_interval = None if once else sweep_interval
+        self.schedules = schedules and not once
         self.stopping = threading.Event()
         self.passes = 0
-        self.outage = Outage(f"Worker {self.holder}")
+        self.thread: threading.Thread | None = None
+        self.lanes: list[Lane] = []
+        self._count = threading.Lock()
         self._signals = 0
+
+    def lane_holder(self, index: int) -> str:
+        """
+        The holder name of lane ``index``: the worker's own for the first
+        lane, ``name/N`` for lane N after it, so each lane's leases are its own.
+        """
+        if index == 0:
+            return self.holder
+        suffix = f"/{index + 1}"
+        return self.holder[: validate.MAX_NAME_LENGTH - len(suffix)] + suffix
 
     # -- signals --------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        """First SIGTERM/SIGINT: finish the step in hand, then exit; second: abort."""
+        """First SIGTERM/SIGINT: every lane finishes its step in hand, then exit; second: abort."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals == 1:
-            logger.warning("%s: finishing the step in hand, then exiting.", signal.Signals(signum).name)
-            self.stopping.set()
+            logger.warning("%s: finishing the steps in hand, then exiting.", signal.Signals(signum).name)
+            self.stop()
             return
         logger.error("%s again: aborting.", signal.Signals(signum).name)
-        raise KeyboardInterrupt
+        raise WorkerAbort
 
-    # -- the loop ---------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask every loop to end after the unit in hand (safe more than once)."""
+        self.stopping.set()
+        from pikku_django import wakeups
+
+        wakeups.notify()
+
+    # -- the loops ----------------------------------------------------------------
+
+    def loops(self) -> list[Poller]:
+        """What runs beside the lanes: the sweep, the scheduler, the listener."""
+        beside: list[Poller] = []
+        if self.sweep_interval is not None:
+            beside.append(SweepLoop(self))
+        if self.schedules and importlib.util.find_spec("pikku_django.schedules") is not None:
+            beside.append(SchedulerLoop(self))
+        if not self.once and carries_notifications(self.using or "default"):
+            beside.append(Listener(self.using or "default", stop=self.stopping))
+        return beside
 
     def run(self) -> int:
         """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
-        logger.info("Worker %s started.", self.holder)
-        while not self.stopping.is_set():
-            try:
-                took = self.run_batch()
-            except OUTAGE_ERRORS as error:
-                # The database went away (a restart, a failover): wait it out,
-                # never exit. A step in hand was either recorded or is taken
-                # again as a new attempt once its lease lapses.
-                self.stopping.wait(self.outage.failed(error))
-                continue
-            self.outage.succeeded()
-            if self.max_runs is not None and self.passes >= self.max_runs:
-                break
-            if not took:
-                if self.once:
-                    break
-                # Wait on the event, not in a blind sleep: a signal wakes us at once.
-                self.stopping.wait(self.interval)
-        logger.info("Worker %s stopped after %s passes.", self.holder, self.passes)
+        self.thread = threading.current_thread()
+        try:
+            # The name is this process's while it runs: a second live worker
+            # under it would share every lease with this one.
+            with hold_lease(WORKER_LEASE_PREFIX + self.holder, holder=default_holder(), using=self.using):
+                self._run()
+        except LeaseTakenError:
+            raise WorkerNameTakenError(self.holder) from None
+        except LeaseLostError:
+            logger.warning("Worker %s lost the lease on its name.", self.holder)
         return self.passes
 
-    def run_batch(self) -> int:
-        """
-        Take and drive up to ``batch`` due runs, one at a time, highest priority
-        first; returns how many were taken. A queue whose every slot is taken
-        (PIKKU_QUEUES) is left out for the rest of the batch, so the worker
-        moves on to the runs of other queues instead of waiting on it.
-        """
-        refresh_connections()
-        took = 0
-        full: set[str] = set()
-        while took < self.batch and not self.stopping.is_set():
-            if self.max_runs is not None and self.passes >= self.max_runs:
-                break
-            if not self.drive_next(full):
-                break
-            took += 1
-            refresh_connections()
-        return took
+    def _run(self) -> None:
+        logger.info("Worker %s started with %s lane(s).", self.holder, self.concurrency)
+        lanes = self.lanes = [Lane(self, index) for index in range(self.concurrency)]
+        beside = self.loops()
+        try:
+            for loop in beside:
+                loop.start()
+            if len(lanes) == 1:
+                lanes[0].run()
+            else:
+                for lane in lanes:
+                    lane.start()
+                # Joined in short waits: signals are handled on this thread.
+                while any(not lane.join(0.2) for lane in lanes):
+                    pass
+        finally:
+            self.stop()
+            for loop in beside:
+                loop.join(10)
+        logger.info("Worker %s stopped after %s passes.", self.holder, self.passes)
 
-    def drive_next(self, full: set[str]) -> bool:
+    def spent(self) -> bool:
+        """True once ``max_runs`` passes have been made."""
+        return self.max_runs is not None and self.passes >= self.max_runs
+
+    def _reserve(self) -> bool:
+        with self._count:
+            if self.spent():
+                return False
+            self.passes += 1
+            return True
+
+    def _unreserve(self) -> None:
+        with self._count:
+            self.passes -= 1
+
+    # -- one pass -------------------------------------------------------------------
+
+    def drive_next(self, holder: str | None = None, full: set[str] | None = None) -> bool:
         """
-        Take the first due run no other worker takes first and drive it under a
-        slot of its queue; False when nothing is due that this worker may take.
+        Take the first due run no other lane takes first and drive it under a
+        slot of its queue; False when nothing is due that this lane may take.
         Looked up afresh before every pass, so a run woken out of turn
         (``wake_at`` 0: its step lost its worker, or the admin woke it) is
         driven next, ahead of a backlog of its priority that only waits its
         turn. A queue found with every slot taken joins ``full`` and is left out.
         """
-        while True:
+        holder = holder or self.lane_holder(0)
+        full = set() if full is None else full
+        while not self.stopping.is_set():
             newly_full = False
             for run_id, wake_at, queue in self.due(exclude=full):
                 if queue in full:
                     continue
-                outcome = self.take_and_drive(run_id, wake_at, queue)
+                if not self._reserve():
+                    return False
+                outcome = self.take_and_drive(run_id, wake_at, queue, holder)
+                if outcome:
+                    return True
+                self._unreserve()
                 if outcome is None:
                     full.add(queue)
                     newly_full = True
-                elif outcome:
-                    return True
             # Look again only when a queue filled up: its runs may have hidden
             # due runs of other queues from this look.
             if not newly_full:
                 return False
+        return False
+
+    def run_batch(self) -> int:
+        """Drive up to ``batch`` due runs one after another in this thread; returns how many."""
+        took = 0
+        full: set[str] = set()
+        while took < self.batch and not self.stopping.is_set() and self.drive_next(full=full):
+            took += 1
+            refresh_connections()
+        return took
 
     def due(self, exclude: Iterable[str] = ()) -> list[tuple[Any, int | None, str]]:
         """
@@ -180,14 +303,17 @@ class Worker:
             runs = runs.exclude(queue__in=sorted(exclude))
         return runs.next_due(self.batch)
 
-    def take_and_drive(self, run_id: Any, wake_at: int | None, queue: str) -> bool | None:
+    def take_and_drive(
+        self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None
+    ) -> bool | None:
         """
         Drive one due run under a slot of its queue: True if it was driven,
-        False if another worker took it first, None if every slot of its
+        False if another lane took it first, None if every slot of its
         queue is taken (the run stays due).
         """
+        holder = holder or self.lane_holder(0)
         try:
-            with queue_slot(queue, self.holder, using=self.using) as slot:
+            with queue_slot(queue, holder, using=self.using) as slot:
                 if not slot:
                     return None
                 if not self.take(run_id, wake_at):
@@ -196,39 +322,37 @@ class Worker:
                 run = WorkflowRun.objects.db_manager(self.using).get_queryset().filter(pk=run_id).first()
                 if run is None:
                     return False
-                self.drive(run)
+                self.drive(run, holder)
                 return True
         except LeaseLostError:
-            # The pass is over; its step writes were fenced by their own leases.
-            logger.warning(
-                "Worker %s lost its slot of queue %r while driving run %s.", self.holder, queue, run_id
-            )
+            # The pass is over; its writes were fenced by their own leases.
+            logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
             return True
 
     def take(self, run_id: Any, wake_at: int | None) -> bool:
         """
         Claim one due run for a pass: move its ``wake_at`` to when this pass's
-        run lease would lapse, guarded by the value read. Another worker that
+        run lease would lapse, guarded by the value read, and mark it running
+        (a suspended run taken is one whose wait timed out). Another lane that
         read the same value matches nothing; if this one dies, the run is due
         again once its lease is gone.
         """
         runs = WorkflowRun.objects.db_manager(self.using)
         return bool(
             runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
-                wake_at=DbNowMs() + conf.LEASE_TTL_MS
+                wake_at=DbNowMs() + conf.LEASE_TTL_MS, status="running"
             )
         )
 
-    def drive(self, run: WorkflowRun) -> None:
-        self.passes += 1
+    def drive(self, run: WorkflowRun, holder: str | None = None) -> None:
         run_id = run.pk
         try:
-            run = drive_run(run, holder=self.holder, stop=self.stopping)
+            run = drive_run(run, holder=holder or self.lane_holder(0), stop=self.stopping)
         except OUTAGE_ERRORS:
-            # The loop waits the outage out; the run is due again when its lease lapses.
+            # The lane waits the outage out; the run is due again when its lease lapses.
             raise
         except Exception:
-            # One run's failure to be driven must not stop the worker; the run
+            # One run's failure to be driven must not stop the lane; the run
             # is due again when its lease lapses.
             logger.exception("Driving run %s failed.", run_id)
             return

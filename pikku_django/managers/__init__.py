@@ -7,6 +7,7 @@ are respected); everything that decides nothing is plain ORM.
 from __future__ import annotations
 
 from pikku_django.managers.base import (
+    ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
     SPENT,
     SWEEP_BACKOFF_MAX_MS,
@@ -17,7 +18,7 @@ from pikku_django.managers.base import (
     serialize_error,
 )
 from pikku_django.managers.leases import LeaseManager, LeaseQuerySet
-from pikku_django.managers.runs import ACTIVE_RUN_STATUSES, WorkflowRunManager, WorkflowRunQuerySet
+from pikku_django.managers.runs import WorkflowRunManager, WorkflowRunQuerySet
 from pikku_django.managers.signals import WorkflowSignalManager, WorkflowSignalQuerySet
 from pikku_django.managers.steps import WorkflowStepManager, WorkflowStepQuerySet
 

@@ -25,6 +25,7 @@ from pikku_django import sql, validate
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
 from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.fence import UNFENCED, RunFence
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowStep
@@ -144,11 +145,13 @@ class StepAttemptsMixin:
         retry_delay: int | None = None,
         *,
         holder: str | None = None,
+        fence: RunFence | None = None,
     ) -> WorkflowStep | None:
         """
         Insert a new step already claimed: running as attempt 1 under a lease
         of ``lease_ms``, with its attempt row (naming ``holder``, the worker),
-        in one commit, while the run is active and not past its deadline. None
+        in one commit, while the run is active and not past its deadline (and,
+        given the pass's ``fence``, while its run lease holds). None
         when the run has a step of this name already (claim it instead), or
         is cancelled, ended or past its deadline. The returned step is built
         in memory: its timestamps and lease expiry are not read.
@@ -161,6 +164,7 @@ class StepAttemptsMixin:
             "retries": conf.STEP_RETRIES if retries is None else validate.whole("retries", retries),
             "retry_delay": None if retry_delay is None else validate.whole("retry_delay", retry_delay),
             "holder": _holder(holder),
+            **(UNFENCED if fence is None else fence.params()),
         }
         connection = self._write_connection()
         ensure_autocommit(connection)

@@ -31,6 +31,9 @@ def ensure_autocommit(connection: BaseDatabaseWrapper) -> None:
 
 FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
 
+#: A run a worker may drive: running, or suspended on a wait that may time out.
+ACTIVE_RUN_STATUSES = ("running", "suspended")
+
 #: The ``wake_at`` of a run woken out of turn (by the admin, a sweep, or a step
 #: that lost its worker): the epoch, so it is due at once *and* ahead of every
 #: run that fell due in the ordinary way; a recovered run never waits behind a

@@ -17,7 +17,9 @@ from django.db.models import Q
 
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
-from pikku_django.managers.base import FINISHED_RUN_STATUSES, WOKEN, serialize_error
+from pikku_django.managers.base import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, WOKEN, serialize_error
+from pikku_django.managers.fence import RunFence
+from pikku_django.wakeups import work_due
 
 #: Step statuses that an ended run's steps are fenced out of: a running step
 #: (leased or parked on a child) and a sleep or wait in progress. Moving them
@@ -30,15 +32,27 @@ FENCED_STEP_STATUSES = ("running", "scheduled", "suspended")
 UNKNOWN = object()
 
 
-def finish_run(alias: str, run_id: Any, status: str, *, parent_id: Any = UNKNOWN, **fields: Any) -> bool:
+def finish_run(
+    alias: str,
+    run_id: Any,
+    status: str,
+    *,
+    parent_id: Any = UNKNOWN,
+    fence: RunFence | None = None,
+    **fields: Any,
+) -> bool:
     """
-    Record the outcome of a run that is still running and, in the same
-    transaction, hand it to the parent step parked on it (if any). A caller
-    that knows the run's ``parent_id`` (None for a top-level run) saves a read.
+    Record the outcome of a run that is still active (running, or suspended:
+    a wake may have raced the pass) and, in the same transaction, hand it to
+    the parent step parked on it (if any). Given the pass's ``fence``, only
+    while its run lease holds. A caller that knows the run's ``parent_id``
+    (None for a top-level run) saves a read.
     """
     from pikku_django.models import WorkflowRun
 
-    finished = WorkflowRun.objects.using(alias).filter(pk=run_id, status="running")
+    finished = WorkflowRun.objects.using(alias).filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES)
+    if fence is not None:
+        finished = finished.filter(fence.held(alias))
     if parent_id is None:
         # A top-level run: no parent to lock or hand the outcome to, so the
         # outcome is one statement in autocommit, not a transaction around it.
@@ -82,9 +96,13 @@ def settle_parent_step(alias: str, child_id: Any) -> None:
         _write_attempt(
             alias, step_id, attempt, fields["status"], result=fields["result"], error=fields["error"], **stamp
         )
-    WorkflowRun.objects.using(alias).filter(
-        pk__in={run_id for _, run_id, _ in rows}, status="running"
-    ).update(wake_at=WOKEN, updated_at=DbNow())
+    woken = (
+        WorkflowRun.objects.using(alias)
+        .filter(pk__in={run_id for _, run_id, _ in rows}, status__in=ACTIVE_RUN_STATUSES)
+        .update(status="running", wake_at=WOKEN, updated_at=DbNow())
+    )
+    if woken:
+        work_due(alias)
 
 
 def cancel_runs(alias: str, run_ids: Iterable[Any]) -> int:

@@ -10,10 +10,14 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import InvalidArgumentError
-from pikku_django.managers.base import FINISHED_RUN_STATUSES, SWEEP_BACKOFF_MAX_MS, SWEEP_BACKOFF_MS, WOKEN
-
-#: A run a worker may drive: running, or suspended on a wait that may time out.
-ACTIVE_RUN_STATUSES = ("running", "suspended")
+from pikku_django.managers.base import (
+    ACTIVE_RUN_STATUSES,
+    FINISHED_RUN_STATUSES,
+    SWEEP_BACKOFF_MAX_MS,
+    SWEEP_BACKOFF_MS,
+    WOKEN,
+)
+from pikku_django.wakeups import work_due
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun
@@ -87,7 +91,10 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
 
     def wake(self) -> int:
         """Make these running runs due now, ahead of the queue; returns how many."""
-        return self.running().update(wake_at=WOKEN)
+        woken = self.running().update(wake_at=WOKEN)
+        if woken:
+            work_due(self.db or "default")
+        return woken
 
     def sweep_wake(self) -> int:
         """
@@ -104,7 +111,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         )
         # Assigned in this order: MySQL evaluates SET left to right, so each
         # expression reads only columns not assigned before it.
-        return (
+        woken = (
             self.running()
             .filter(fresh | Q(sweep_after__lte=now))
             .update(
@@ -114,6 +121,9 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
                 wake_at=WOKEN,
             )
         )
+        if woken:
+            work_due(self.db or "default")
+        return woken
 
     def sweep_wakeable(self) -> WorkflowRunQuerySet:
         """The runs ``sweep_wake()`` would wake now (for a dry run)."""
@@ -188,6 +198,8 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         )
         run.save(force_insert=True, using=self.db)
         run.refresh_from_db(fields=["wake_at", "deadline_at", "created_at", "updated_at"])
+        if wake_at is None:
+            work_due(run._state.db or self.db or "default")
         return run
 
     def start_run(

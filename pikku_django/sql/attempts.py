@@ -13,10 +13,16 @@ from pikku_django.sql.steps import MYSQL_STEP_CLAIM, POSTGRESQL_STEP_CLAIM, SQLI
 #: ended elsewhere) and not past its deadline, judged in the same statement,
 #: so a step of a run that was cancelled or timed out is never started (the
 #: pass then finds out why and stops). ``{now_ms}`` is the statement's now.
+#: With a run lease given (``managers.fence.RunFence``), the start is also
+#: fenced to it: only while that lease is still this holder's and token's and
+#: live is the step inserted, so a pass that lost its run lease starts nothing.
 _RUN_ACTIVE = """
     EXISTS (SELECT 1 FROM {run} r WHERE r.{q}id{q} = %(run_id)s{uuid}
         AND r.{q}status{q} IN ('running', 'suspended')
         AND (r.{q}deadline_at{q} IS NULL OR r.{q}deadline_at{q} > {now_ms}))
+    AND (%(lease_key)s{text} IS NULL OR EXISTS (SELECT 1 FROM {lease} l
+        WHERE l.{q}key{q} = %(lease_key)s{text} AND l.{q}holder{q} = %(lease_holder)s{text}
+        AND l.{q}token{q} = %(lease_token)s{int} AND l.{q}expires_at{q} > {now_ms}))
 """
 
 #: A step run for the first time is inserted running, attempt 1, under its
@@ -36,7 +42,11 @@ inserted AS (
         clock.now_ms + %(lease_ms)s::bigint, clock.now_dt, clock.now_dt
     FROM clock
     WHERE"""
-    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "::uuid").replace("{now_ms}", "clock.now_ms")
+    + _RUN_ACTIVE.replace("{q}", '"')
+    .replace("{uuid}", "::uuid")
+    .replace("{text}", "::varchar")
+    .replace("{int}", "::bigint")
+    .replace("{now_ms}", "clock.now_ms")
     + """    ON CONFLICT ("run_id", "step_name") DO NOTHING
     RETURNING "id", "updated_at"
 ),
@@ -57,7 +67,11 @@ INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "
 SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
     %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
 WHERE"""
-    + _RUN_ACTIVE.replace("{q}", '"').replace("{uuid}", "").replace("{now_ms}", "{now}")
+    + _RUN_ACTIVE.replace("{q}", '"')
+    .replace("{uuid}", "")
+    .replace("{text}", "")
+    .replace("{int}", "")
+    .replace("{now_ms}", "{now}")
     + """ON CONFLICT ("run_id", "step_name") DO NOTHING
 RETURNING "id"
 """
@@ -72,7 +86,13 @@ INSERT INTO {step} (`id`, `run_id`, `step_name`, `rpc_name`, `data`, `status`, `
     `retry_delay`, `attempt`, `lease_expires_at`, `created_at`, `updated_at`)
 SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
     %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
-FROM DUAL WHERE""" + _RUN_ACTIVE.replace("{q}", "`").replace("{uuid}", "").replace("{now_ms}", "{now}")
+FROM DUAL WHERE""" + (
+    _RUN_ACTIVE.replace("{q}", "`")
+    .replace("{uuid}", "")
+    .replace("{text}", "")
+    .replace("{int}", "")
+    .replace("{now_ms}", "{now}")
+)
 
 MYSQL_STEP_START_HISTORY = """
 INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `holder`, `created_at`, `running_at`)

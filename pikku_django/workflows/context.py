@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
+
+from asgiref.sync import async_to_sync
 
 from pikku_django import validate
 from pikku_django.conf import conf
@@ -18,10 +21,11 @@ from pikku_django.errors import (
 )
 from pikku_django.keeper import keeper
 from pikku_django.leases import HeldLease, KeepAlive
+from pikku_django.managers.fence import RunFence
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.current import StepHandle, running_step
 from pikku_django.workflows.registry import dotted_name
-from pikku_django.workflows.waits import Stop, Suspend, WaitsMixin
+from pikku_django.workflows.waits import PASS_CONTROL, Stop, Suspend, WaitsMixin, unwinds_store_errors
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +51,35 @@ class StepLeaseRenewal(KeepAlive):
             self.step_id, self.ttl_ms, attempt=self.attempt
         )
 
+    def batch_key(self) -> Hashable | None:
+        return (StepLeaseRenewal, self.using, self.ttl_ms)
+
+    @classmethod
+    def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
+        """Every step lease of ``kept`` in one UPDATE (see ``refresh_leases``); one by one if any was lost."""
+        renewals = [item for item in kept if isinstance(item, StepLeaseRenewal)]
+        if len(renewals) < 2:
+            return super().renew_all(kept)
+        first = renewals[0]
+        steps = WorkflowStep.objects.db_manager(first.using)
+        if steps.refresh_leases([(item.step_id, item.attempt) for item in renewals], first.ttl_ms):
+            return [True] * len(renewals)
+        return super().renew_all(kept)
+
     def start(self) -> None:
         keeper().keep(self)
 
     def stop(self) -> None:
         keeper().drop(self)
+
+
+def _wait_for(awaitable: Awaitable[Any]) -> Any:
+    """The result of an async step's awaitable, on an event loop of its own (or the caller's, via asgiref)."""
+
+    async def wait() -> Any:
+        return await awaitable
+
+    return async_to_sync(wait)()
 
 
 def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -77,6 +105,7 @@ class RunContext(WaitsMixin):
         using: str,
         held: HeldLease | None = None,
         stop: threading.Event | None = None,
+        fence: RunFence | None = None,
     ) -> None:
         self.run = run
         self.run_id = run.pk
@@ -84,6 +113,8 @@ class RunContext(WaitsMixin):
         self._using = using
         self._held = held
         self._stop = stop
+        # The run lease every run-level write of this pass is fenced to.
+        self._fence = fence
         # The worker's name, written on each attempt it claims (the run lease's holder).
         self.holder = held.lease.holder if held is not None else None
         self._seen: set[str] = set()
@@ -91,6 +122,7 @@ class RunContext(WaitsMixin):
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
 
+    @unwinds_store_errors
     def step(
         self,
         name: str,
@@ -131,6 +163,7 @@ class RunContext(WaitsMixin):
                 retries=retries,
                 retry_delay=retry_delay,
                 holder=self.holder,
+                fence=self._fence,
             )
             if started is not None:
                 # Its start was guarded by the run's state (active, not past its
@@ -210,7 +243,15 @@ class RunContext(WaitsMixin):
         try:
             with running_step(StepHandle(self.run_id, step.step_name, step.attempt, renewal.lost)):
                 result = fn(*args, **kwargs)
-        except Exception as error:
+                if inspect.isawaitable(result):
+                    # An async step runs in this lane (its lease renewed by
+                    # the keeper while it awaits); a replay never calls it.
+                    result = _wait_for(result)
+        except PASS_CONTROL:
+            raise
+        except BaseException as error:
+            # Whatever the step raises is its attempt's error, SystemExit and
+            # KeyboardInterrupt included: only the worker's own signals stop it.
             renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
             self._fenced(step, error=error)

@@ -13,9 +13,18 @@ from django.db import DEFAULT_DB_ALIAS
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
-from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, StepFailedError
+from pikku_django.errors import (
+    InvalidArgumentError,
+    LeaseLostError,
+    LeaseTakenError,
+    RunStoreError,
+    StepFailedError,
+    StoreFailure,
+    WorkerAbort,
+)
 from pikku_django.leases import hold_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
+from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS
@@ -121,6 +130,11 @@ def drive_run(
     ``run_workflow`` on a run already read (a worker's take reads it): one
     pass, without reading the run before or after. Returns ``run``, with the
     outcome when this pass recorded one (status, output, error).
+
+    The pass, top to bottom: take the run lease; replay the finished steps
+    and run the next ones (``RunContext``); write the suspension or the
+    outcome; release the lease. Every run-level write is fenced to the run
+    lease (``managers.fence``), every step write to its attempt.
     """
     alias = run._state.db or DEFAULT_DB_ALIAS
     runs = WorkflowRun.objects.using(alias)
@@ -134,57 +148,69 @@ def drive_run(
         return run
     try:
         with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
+            fence = RunFence(held.key, held.lease.holder, held.token)
             if run.status == "suspended":
                 # A wait that timed out (or a wake that raced the suspension): drive it.
-                runs.filter(pk=run.pk, status="suspended").update(status="running")
+                runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
                 run.status = "running"
-            _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop))
+            _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop, fence=fence), fence)
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
         # worker's take (wake_at at its own lease's end) doesn't delay it.
         runs.filter(pk=run.pk, status="running").update(wake_at=DbNowMs() + RETRY_SOON_MS)
     except LeaseLostError:
-        # What the pass wrote stays: every step write was fenced to its attempt.
+        # What the pass wrote while it held the lease stays; nothing after.
         logger.warning("Run %s lost its run lease during a pass.", run.pk)
     return run
 
 
-def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext) -> None:
+def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFence) -> None:
     try:
         output = fn(ctx, run.input)
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
-        suspend_run(run, suspend)
+        suspend_run(run, suspend, fence)
         return
     except Stop as stop:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
         return
+    except StoreFailure as failure:
+        if isinstance(failure.cause, OUTAGE_ERRORS):
+            # The database went away mid-pass: no fault of the run's. The pass
+            # ends here and the run is driven again once the database is back.
+            raise failure.cause from None
+        logger.error("Run %s: the store failed under its pass: %r", run.pk, failure.cause)
+        _finish(run, "failed", fence, error=serialize_error(RunStoreError(run.pk, failure.cause)))
+        return
     except StepFailedError as error:
-        _finish(run, "failed", error={**error.error, "step": error.step_name})
+        _finish(run, "failed", fence, error={**error.error, "step": error.step_name})
         return
     except OUTAGE_ERRORS:
-        # The database went away mid-pass: that is no fault of the run's. The
-        # pass ends here and the run is driven again once the database is back.
         raise
-    except Exception as error:
+    except WorkerAbort:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        # Whatever the workflow raises is its failure, SystemExit included:
+        # only the worker's own signals stop the worker.
         logger.info("Run %s failed: %r", run.pk, error)
-        _finish(run, "failed", error=serialize_error(error))
+        _finish(run, "failed", fence, error=serialize_error(error))
         return
     try:
         validate.json_value("output", output)
     except InvalidArgumentError as error:
         bad = TypeError(f"Workflow {run.workflow!r} returned an output that is not JSON: {error}")
-        _finish(run, "failed", error=serialize_error(bad))
+        _finish(run, "failed", fence, error=serialize_error(bad))
         return
-    _finish(run, "completed", output=output, error=None)
+    _finish(run, "completed", fence, output=output, error=None)
 
 
-def _finish(run: WorkflowRun, status: str, **fields: Any) -> None:
+def _finish(run: WorkflowRun, status: str, fence: RunFence, **fields: Any) -> None:
     """
-    Record the run's outcome, unless it already has one (the status guard),
-    and hand it to a parent waiting on it in the same transaction.
+    Record the run's outcome, unless it already has one or this pass lost
+    its run lease, and hand it to a parent waiting on it in the same transaction.
     """
-    if finish_run(run._state.db or DEFAULT_DB_ALIAS, run.pk, status, parent_id=run.parent_id, **fields):
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    if finish_run(alias, run.pk, status, parent_id=run.parent_id, fence=fence, **fields):
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)

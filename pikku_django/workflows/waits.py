@@ -7,11 +7,13 @@ while one waits, the run holds no worker.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import Error as DatabaseError_
+from django.db import IntegrityError, transaction
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
@@ -20,14 +22,18 @@ from pikku_django.errors import (
     SignalTimeoutError,
     StepFailedError,
     StepFunctionMismatchError,
+    StoreFailure,
+    WorkerAbort,
     WorkflowCancelledError,
     WorkflowNotFoundError,
 )
 from pikku_django.managers import ACTIVE_RUN_STATUSES, WOKEN, serialize_error
+from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import time_out_runs
 from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.managers.steps import _write_attempt
 from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
+from pikku_django.wakeups import work_due
 from pikku_django.workflows.registry import get_workflow
 
 logger = logging.getLogger(__name__)
@@ -72,19 +78,48 @@ class Stop(BaseException):
     """Unwinds the workflow function: this pass is stale and must write nothing more."""
 
 
-def suspend_run(run: WorkflowRun, suspend: Suspend) -> None:
-    """Write a pass's suspension: the run's status and when to wake it (no later than its deadline)."""
-    runs = WorkflowRun.objects.using(run._state.db)
+#: What unwinds a workflow function on the runtime's behalf; never a step's error.
+PASS_CONTROL: tuple[type[BaseException], ...] = (Suspend, Stop, StoreFailure, WorkerAbort)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def unwinds_store_errors(method: F) -> F:
+    """
+    A ``ctx`` method whose database errors unwind the workflow function as
+    ``StoreFailure`` (a BaseException), so the workflow's own ``except
+    Exception`` never takes a database blip for a step's outcome.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except DatabaseError_ as error:
+            raise StoreFailure(error) from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+def suspend_run(run: WorkflowRun, suspend: Suspend, fence: RunFence | None = None) -> None:
+    """
+    Write a pass's suspension: the run's status and when to wake it (no later
+    than its deadline), fenced to the pass's run lease: a pass that lost it
+    writes nothing, and the pass that holds it now decides.
+    """
+    alias = run._state.db or "default"
+    runs = WorkflowRun.objects.using(alias).filter(pk=run.pk, status__in=ACTIVE_RUN_STATUSES)
+    if fence is not None:
+        runs = runs.filter(fence.held(alias))
     wake_at = suspend.wake_at
     if run.deadline_at is not None:
         wake_at = run.deadline_at if wake_at is None else min(wake_at, run.deadline_at)
-    runs.filter(pk=run.pk, status="running").update(
-        status=suspend.status, wake_at=wake_at, updated_at=DbNow()
-    )
-    if suspend.recheck is not None and suspend.recheck():
-        runs.filter(pk=run.pk, status__in=ACTIVE_RUN_STATUSES).update(
-            status="running", wake_at=WOKEN, updated_at=DbNow()
-        )
+    if not runs.update(status=suspend.status, wake_at=wake_at, updated_at=DbNow()):
+        logger.info("Run %s: the suspension was not written (the run lease was lost or it ended).", run.pk)
+        return
+    rechecked = suspend.recheck is not None and suspend.recheck()
+    if rechecked and runs.update(status="running", wake_at=WOKEN, updated_at=DbNow()):
+        work_due(alias)
 
 
 class WaitsMixin:
@@ -96,9 +131,11 @@ class WaitsMixin:
     _seen: set[str]
     _steps: dict[str, WorkflowStep]
     _signal_waits: dict[str, int]
+    _fence: RunFence | None
 
     # -- sleep ------------------------------------------------------------------
 
+    @unwinds_store_errors
     def sleep(self, name: str, ms: int) -> None:
         """
         Wait ``ms`` milliseconds on the database clock, durably: the wake time
@@ -120,6 +157,7 @@ class WaitsMixin:
 
     # -- signals ------------------------------------------------------------------
 
+    @unwinds_store_errors
     def wait_for_signal(self, name: str, timeout_ms: int | None = None) -> Any:
         """
         The payload of the oldest signal ``name`` sent to this run that no
@@ -152,9 +190,13 @@ class WaitsMixin:
         self._stop_unless_waiting(step)
         now = self._check_run()
         signals = WorkflowSignal.objects.db_manager(self._using)
-        signal = signals.consume(step, name)
+        # Consumed and settled together: a pass fenced out at the settle
+        # leaves the signal for the pass that holds the run now.
+        with transaction.atomic(using=self._using):
+            signal = signals.consume(step, name)
+            if signal is not None:
+                self._settle(step, "succeeded", result=signal.payload)
         if signal is not None:
-            self._settle(step, "succeeded", result=signal.payload)
             return signal.payload
         until = _data(step).get("until")
         if until is not None and now >= until:
@@ -171,6 +213,7 @@ class WaitsMixin:
 
     # -- child runs ---------------------------------------------------------------
 
+    @unwinds_store_errors
     def workflow(self, name: str, workflow_name: str, input: Any = None) -> Any:
         """
         Run the workflow ``workflow_name`` as a child of this run (started
@@ -215,6 +258,9 @@ class WaitsMixin:
         alias = self._using
         try:
             with transaction.atomic(using=alias):
+                # The parent is active and this pass's, checked (and its row
+                # locked) in the transaction that starts the child.
+                self._touch_run()
                 child = WorkflowRun.objects.db_manager(alias).create_run(
                     workflow_name, input, parent=self.run
                 )
@@ -243,31 +289,55 @@ class WaitsMixin:
     def _special_step(
         self, name: str, rpc_name: str, status: str, data: Callable[[int], dict[str, Any]]
     ) -> WorkflowStep:
-        """The step ``name`` as stored, created first (in ``status``) if this is the first pass to meet it."""
+        """
+        The step ``name`` as stored, created first (in ``status``) if this is
+        the first pass to meet it: in one transaction that first touches the
+        run under the pass's run lease (a pass that lost it creates nothing),
+        and that replays the step another pass created first.
+        """
         step = self._steps.get(name)
         if step is None:
             now = self._check_run()
             steps = WorkflowStep.objects.db_manager(self._using)
-            step = steps.insert_step(self.run, name, rpc_name, data(now), retries=0)
-            if status != "pending":
-                # Created pending and then moved: a crash in between leaves a
-                # pending step of this kind, which every method here treats alike.
-                steps.filter(pk=step.pk, status="pending").update(status=status)
-                _write_attempt(self._using, step.pk, step.attempt, status)
-                step.status = status
+            try:
+                with transaction.atomic(using=self._using):
+                    self._touch_run()
+                    step = steps.insert_step(self.run, name, rpc_name, data(now), retries=0)
+                    if status != "pending":
+                        steps.filter(pk=step.pk, status="pending").update(status=status)
+                        _write_attempt(self._using, step.pk, step.attempt, status)
+                        step.status = status
+            except (IntegrityError, InvalidArgumentError):
+                # Another pass created it first ("already a step of run"): replay it as stored.
+                step = steps.filter(run_id=self.run_id, step_name=name).first()
+                if step is None:
+                    raise
             self._steps[name] = step
         if step.rpc_name != rpc_name:
             raise StepFunctionMismatchError(self.run_id, name, step.rpc_name, rpc_name)
         return step
 
+    def _touch_run(self) -> None:
+        """
+        Inside a transaction: lock the run row while it is active and this
+        pass still holds its run lease, or stop the pass. What the transaction
+        writes next is then this pass's, and a cancel waits for it.
+        """
+        runs = WorkflowRun.objects.using(self._using).filter(pk=self.run_id, status__in=ACTIVE_RUN_STATUSES)
+        if self._fence is not None:
+            runs = runs.filter(self._fence.held(self._using))
+        if not runs.update(updated_at=DbNow()):
+            raise Stop("the run lease was lost, or the run ended elsewhere")
+
     def _settle(self, step: WorkflowStep, status: str, *, result: Any = None, error: Any = None) -> None:
         """End a sleep or a wait, guarded by it still waiting (a cancel may have fenced it)."""
         stamp = {"succeeded_at" if status == "succeeded" else "failed_at": DbNow()}
-        written = (
-            WorkflowStep.objects.using(self._using)
-            .filter(pk=step.pk, status__in=("pending", "scheduled", "suspended"))
-            .update(status=status, result=result, error=error, updated_at=DbNow())
+        waiting = WorkflowStep.objects.using(self._using).filter(
+            pk=step.pk, status__in=("pending", "scheduled", "suspended")
         )
+        if self._fence is not None:
+            waiting = waiting.filter(self._fence.held(self._using))
+        written = waiting.update(status=status, result=result, error=error, updated_at=DbNow())
         if not written:
             raise Stop(f"step {step.step_name!r} was ended elsewhere")
         _write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)

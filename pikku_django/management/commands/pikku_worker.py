@@ -7,15 +7,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pikku_django.errors import WorkerAbort
 from pikku_django.management.arguments import holder_name, interval, positive_int, queue_names
 from pikku_django.management.logs import configure_logging
-from pikku_django.worker import Worker
+from pikku_django.worker import Worker, WorkerNameTakenError
 
 
 class Command(BaseCommand):
     help = (
-        "Drive workflow runs that are due, until stopped. SIGTERM or SIGINT finishes "
-        "the step in hand and exits 0; a second signal aborts (exit 1)."
+        "Drive workflow runs that are due on several lanes, sweep and fire schedules, until "
+        "stopped. SIGTERM or SIGINT finishes the steps in hand and exits 0; a second signal "
+        "aborts (exit 1)."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,26 @@ class Command(BaseCommand):
             help="Drive only runs of this queue; repeat it or separate names with commas "
             "(default: every queue).",
         )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=4,
+            help="Lanes: runs driven at once by this process, each on its own thread and "
+            "database connection (default: %(default)r).",
+        )
+        parser.add_argument(
+            "--sweep-interval",
+            type=interval,
+            default=5.0,
+            metavar="SECONDS",
+            help="Seconds between this process's sweeps (default: %(default)r).",
+        )
+        parser.add_argument(
+            "--no-sweep", action="store_true", help="Don't sweep in this process (run pikku_sweep apart)."
+        )
+        parser.add_argument(
+            "--no-schedules", action="store_true", help="Don't fire schedules in this process."
+        )
         parser.add_argument("--database", default=None, help="Database alias (default: routers decide).")
 
     def handle(
@@ -68,6 +90,10 @@ class Command(BaseCommand):
         holder: str | None,
         database: str | None,
         queues: list[list[str]] | None,
+        concurrency: int,
+        sweep_interval: float,
+        no_sweep: bool,
+        no_schedules: bool,
         **options: Any,
     ) -> None:
         configure_logging(self.stderr, verbosity)
@@ -79,6 +105,9 @@ class Command(BaseCommand):
             max_runs=max_runs,
             using=database,
             queues=None if queues is None else [name for names in queues for name in names],
+            concurrency=concurrency,
+            sweep_interval=None if no_sweep else sweep_interval,
+            schedules=not no_schedules,
         )
         worker.install_signal_handlers()
         if verbosity:
@@ -86,7 +115,9 @@ class Command(BaseCommand):
             self.stdout.flush()
         try:
             passes = worker.run()
-        except KeyboardInterrupt:
+        except WorkerAbort:
             raise CommandError("Aborted by a second signal.", returncode=1) from None
+        except WorkerNameTakenError as error:
+            raise CommandError(str(error), returncode=1) from None
         if verbosity:
             self.stdout.write(f"pikku_worker {worker.holder} stopped after {passes} passes")
