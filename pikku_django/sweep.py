@@ -1,8 +1,9 @@
 """
 One sweep pass: fail steps that lost their worker on their last attempt, time
 out runs past their deadline, wake runs that need a worker (never one due
-later, unless its worker was lost in a step), and prune dead lease rows. Every write is a guarded
-statement, so sweeps on many nodes at once do no double work and no harm.
+later, unless its worker was lost in a step), and prune dead lease rows. Every
+write is a guarded statement, so sweeps on many nodes at once do no double
+work and no harm.
 """
 
 from __future__ import annotations

@@ -72,8 +72,9 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         task's ``run_after``, a retry delay, a sleep, a wait's timeout, a
         schedule, a run held elsewhere. The one other writer of a future
         ``wake_at`` is a worker's take (now + ``PIKKU_LEASE_TTL_MS``), and if
-        that pass dies the value lapses by itself no later than the pass's own
-        run lease would: waking the run sooner would only meet that lease.
+        that pass dies the value lapses by itself, no later than the run lease
+        the pass took right after it: waking the run sooner would only meet
+        that lease.
         A worker lost in a step shows as the step's lapsed lease instead,
         whatever ``wake_at`` says; that is the one case the sweep brings a
         run due later forward (at once, freeing its run lease; issue 20).
