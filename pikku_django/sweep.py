@@ -1,8 +1,9 @@
 """
 One sweep pass: fail steps that lost their worker on their last attempt, time
-out runs past their deadline, wake runs that need a worker, and prune dead
-lease rows. Every write is a guarded
-statement, so sweeps on many nodes at once do no double work and no harm.
+out runs past their deadline, wake runs that need a worker (never one due
+later, unless its worker was lost in a step), and prune dead lease rows. Every
+write is a guarded statement, so sweeps on many nodes at once do no double
+work and no harm.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def sweep(
     # waiting for a free worker, and are left in their turn: waking them too
     # (wake_at 0) would put them level with the runs that lost their worker,
     # and a backlog older than the stalled window would hold every recovered
-    # run back.
+    # run back. Runs due later (run_after, a retry delay, a sleep...) are
+    # waiting by design and are left alone too, however old their rows
+    # (WorkflowRunQuerySet.due_later(), issue 20).
     stuck = runs.get_queryset().idle(idle_ms).not_queued()
     stalled = set(stuck.order_by("updated_at").values_list("pk", flat=True)[:limit])
     pending = steps.filter(

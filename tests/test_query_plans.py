@@ -54,7 +54,10 @@ class QueryPlanTests(TestCase):
         plan = explain(text, params)
         assert "pikku_run_status_upd_idx" in plan, plan
         assert "Index Cond: (((status)::text = 'running'::text) AND (updated_at <=" in plan, plan
-        assert plan.count("Index Scan using pikku_step_run_name_uniq") == 2, plan
+        # Three probes of a run's steps, each by the run: one in flight, one
+        # touched lately, one under a lapsed lease (a run due later with one
+        # lost its worker, so it is stalled after all).
+        assert plan.count("Index Scan using pikku_step_run_name_uniq") == 3, plan
         assert "Seq Scan" not in plan, plan
 
     def test_due_query_walks_the_priority_index_in_its_order(self) -> None:

@@ -86,6 +86,73 @@ class StalledSweepTests(TestCase):
         assert wake_at(recent) is None and wake_at(done) is None
 
 
+HOUR = 3_600_000
+TEN_MINUTES = 600_000
+
+
+def due_later_run(step_status: str | None = None, **step_fields) -> WorkflowRun:  # type: ignore[no-untyped-def]
+    """A running run due in an hour, its rows last touched ten minutes ago."""
+    run = make_run(wake_at=Lease.objects.db_now_ms() + HOUR)
+    if step_status is not None:
+        step = make_step(run, retries=1)
+        WorkflowStep.objects.filter(pk=step.pk).update(status=step_status, **step_fields)
+        age(WorkflowStep, step.pk, TEN_MINUTES)
+    age(WorkflowRun, run.pk, TEN_MINUTES)
+    return run
+
+
+class DueLaterTests(TestCase):
+    """A run due later is waiting, not stalled (issue 20)."""
+
+    def assert_left_alone(self, run: WorkflowRun) -> None:
+        before = wake_at(run)
+        report = sweep()  # the default windows: 5 min stalled, 30 s undispatched
+        assert (report.stalled_runs, report.undispatched_runs, report.lapsed_runs) == (0, 0, 0)
+        assert report.woken_runs == 0 and wake_at(run) == before > Lease.objects.db_now_ms()
+        assert WorkflowRun.objects.stalled(IDLE) == []
+        assert not WorkflowRun.objects.due().filter(pk=run.pk).exists()
+
+    def test_run_due_in_an_hour_last_touched_ten_minutes_ago_is_not_woken(self) -> None:
+        self.assert_left_alone(due_later_run())
+
+    def test_pending_step_of_a_deferred_task_is_not_undispatched(self) -> None:
+        self.assert_left_alone(due_later_run("pending"))
+
+    def test_step_failed_with_a_retry_delay_is_left_to_its_delay(self) -> None:
+        self.assert_left_alone(due_later_run("failed", retry_delay=HOUR))
+
+    def test_a_run_due_later_with_a_lapsed_step_lost_its_worker_and_is_woken(self) -> None:
+        # What a worker's take leaves when the worker dies mid-step: wake_at at
+        # the take's run lease end, the step under a lapsed lease.
+        run = due_later_run("running", lease_expires_at=Lease.objects.db_now_ms() - 1)
+        Lease.objects.acquire(run.lease_key, "dead-worker", HOUR)
+        assert WorkflowRun.objects.stalled(IDLE) == [run.pk]
+        report = sweep()
+        assert (report.lapsed_runs, report.stalled_runs, report.woken_runs) == (1, 0, 1)
+        assert wake_at(run) == WOKEN
+        assert Lease.objects.current(run.lease_key) is None
+
+    def test_a_run_that_began_a_wait_after_the_sweep_read_it_keeps_it(self) -> None:
+        # Read as stalled, then driven into a sleep before the sweep's UPDATE.
+        run = idle_run("pending")
+        runs = WorkflowRun.objects.filter(pk=run.pk)
+        assert WorkflowRun.objects.stalled(IDLE) == [run.pk]
+        runs.update(wake_at=Lease.objects.db_now_ms() + HOUR)
+        assert runs.sweep_wakeable().count() == 0
+        assert runs.sweep_wake() == 0
+        assert wake_at(run) > Lease.objects.db_now_ms()
+
+    def test_dry_run_counts_what_a_pass_does(self) -> None:
+        due_later_run("pending")
+        due_later_run("failed", retry_delay=HOUR)
+        stalled = idle_run("pending")
+        dry = sweep(stalled_after_ms=IDLE, dry_run=True)
+        done = sweep(stalled_after_ms=IDLE)
+        assert (dry.stalled_runs, dry.undispatched_runs, dry.woken_runs) == (1, 1, 1)
+        assert (done.stalled_runs, done.undispatched_runs, done.woken_runs) == (1, 1, 1)
+        assert wake_at(stalled) == WOKEN
+
+
 class BackOffTests(TestCase):
     def test_woken_run_is_skipped_until_its_back_off_then_the_back_off_doubles(self) -> None:
         run = idle_run("pending")

@@ -66,17 +66,48 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
             rows = list(runs.filter(picked).order_by(*order).values_list(*fields)[:limit])
         return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
 
+    def due_later(self) -> WorkflowRunQuerySet:
+        """
+        Runs waiting by design: ``wake_at`` still ahead on the database clock
+        and no step under a lapsed lease. The sweep never wakes them early
+        and ``stalled()`` never lists them.
+
+        Every wait a run is built to have sets ``wake_at`` to when it ends: a
+        task's ``run_after``, a retry delay, a sleep, a wait's timeout, a
+        schedule, a run held elsewhere. The one other writer of a future
+        ``wake_at`` is a worker's take (now + ``PIKKU_LEASE_TTL_MS``), and if
+        that pass dies the value lapses by itself, no later than the run lease
+        the pass took right after it: waking the run sooner would only meet
+        that lease.
+        A worker lost in a step shows as the step's lapsed lease instead,
+        whatever ``wake_at`` says; that is the one case the sweep brings a
+        run due later forward (at once, freeing its run lease; issue 20).
+        """
+        return self.filter(wake_at__gt=DbNowMs()).exclude(self._has_lapsed_step())
+
+    def not_due_later(self) -> WorkflowRunQuerySet:
+        """The runs ``due_later()`` leaves out, in one WHERE clause a guarded UPDATE can carry."""
+        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=DbNowMs()) | self._has_lapsed_step())
+
+    def _has_lapsed_step(self) -> Exists:
+        from pikku_django.models import WorkflowStep
+
+        steps = WorkflowStep.objects.db_manager(self.db).get_queryset()
+        return Exists(steps.lapsed().filter(run=OuterRef("pk")))
+
     def not_queued(self) -> WorkflowRunQuerySet:
         """
-        Runs that are not merely waiting their turn for a worker: ``wake_at``
-        unset or still ahead, or woken out of turn (``WOKEN``, ahead of the queue).
+        Runs that are neither due later nor merely waiting their turn for a
+        worker: ``wake_at`` unset, or woken out of turn (``WOKEN``, ahead of
+        the queue).
         """
-        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__gt=DbNowMs()) | Q(wake_at__lte=WOKEN))
+        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=WOKEN))
 
     def idle(self, idle_ms: int) -> WorkflowRunQuerySet:
         """
-        Running runs with no step in flight and nothing touched for ``idle_ms``
-        on the database clock (``WorkflowRunManager.stalled()`` lists them).
+        Running runs with no step in flight, nothing touched for ``idle_ms``
+        on the database clock, and not due later (``WorkflowRunManager.stalled()``
+        lists them).
         """
         validate.whole("idle_ms", idle_ms)
         from pikku_django.models import WorkflowStep
@@ -85,6 +116,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         cutoff = DbNow(minus_ms=idle_ms)
         return (
             self.filter(status="running", updated_at__lte=cutoff)
+            .not_due_later()
             .exclude(Exists(steps.in_flight()))
             .exclude(Exists(steps.filter(updated_at__gt=cutoff)))
         )
@@ -98,9 +130,11 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
 
     def sweep_wake(self) -> int:
         """
-        Wake these running runs unless a sweep woke them lately: one guarded
-        UPDATE, so sweeps on many nodes wake a run once. The back-off (30 s,
-        doubling to 10 min) starts again once the run shows activity.
+        Wake these running runs unless a sweep woke them lately or they are
+        due later (see ``due_later()``): one guarded UPDATE, so sweeps on many
+        nodes wake a run once, and a run that began a wait since the sweep
+        read it keeps it. The back-off (30 s, doubling to 10 min) starts again
+        once the run shows activity.
         """
         now = DbNowMs()
         fresh = Q(swept_at__isnull=True) | Q(updated_at__gt=F("swept_at"))
@@ -113,6 +147,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         # expression reads only columns not assigned before it.
         woken = (
             self.running()
+            .not_due_later()
             .filter(fresh | Q(sweep_after__lte=now))
             .update(
                 sweep_after=now + backoff,
@@ -128,7 +163,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     def sweep_wakeable(self) -> WorkflowRunQuerySet:
         """The runs ``sweep_wake()`` would wake now (for a dry run)."""
         fresh = Q(swept_at__isnull=True) | Q(updated_at__gt=F("swept_at"))
-        return self.running().filter(fresh | Q(sweep_after__lte=DbNowMs()))
+        return self.running().not_due_later().filter(fresh | Q(sweep_after__lte=DbNowMs()))
 
     def cancel(self) -> int:
         """
@@ -244,10 +279,11 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
 
     def stalled(self, idle_ms: int, limit: int = 100) -> list[Any]:
         """
-        Ids of running runs, oldest activity first, with no step in flight and
-        nothing touched for ``idle_ms`` on the database clock. In flight means
-        scheduled, suspended, or running under a live or NULL (parked) lease;
-        a lapsed lease is a dead worker and is not in flight.
+        Ids of running runs, oldest activity first, with no step in flight,
+        nothing touched for ``idle_ms`` on the database clock, and not due
+        later. In flight means scheduled, suspended, or running under a live
+        or NULL (parked) lease; a lapsed lease is a dead worker and is not in
+        flight. Due later means waiting by design (``due_later()``).
         """
         validate.whole("limit", limit, minimum=1)
         return list(

@@ -70,6 +70,19 @@ def killer(ctx: Any, input: dict[str, Any]) -> Any:
     return "unreachable"
 
 
+def fail_first_call(run_id: str) -> str:
+    """Fails on its first call (counted); every later call succeeds."""
+    if record_call(run_id, "flaky") == 0:
+        raise RuntimeError("the first call fails")
+    return "retried"
+
+
+@workflow("test.retry_later")
+def retry_later(ctx: Any, input: dict[str, Any]) -> Any:
+    """One step that fails once and is retried after ``input["delay_ms"]``."""
+    return ctx.step("flaky", fail_first_call, str(ctx.run_id), retries=1, retry_delay=input["delay_ms"])
+
+
 def wait_for_release(run_id: str, path: str) -> str:
     """Says it started (a StepCall row), then waits for ``path`` to exist."""
     record_call(run_id, "hold")
