@@ -15,14 +15,14 @@ import uuid
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import Exists, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.lifecycle import time_out_runs
-from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
 logger = logging.getLogger(__name__)
 
@@ -126,15 +126,21 @@ def sweep(
 
 def _free_run_leases(run_ids: set[Any], alias: str) -> None:
     """
-    A running step under a lapsed lease means the pass that drove it is gone,
-    and so is its claim on the run: lapse the run lease (guarded, in the same
-    statement, by the step still being lapsed), so a woken run is driven now,
-    not once the dead worker's run lease runs out.
+    A running step under a lapsed lease whose attempt was run by the holder
+    of the run lease means the pass behind that lease is gone (its step lease
+    and its run lease are renewed by the same keeper): lapse the run lease,
+    guarded in the same statement by both, so a woken run is driven now, not
+    once the dead worker's run lease runs out. A lapsed step left by an
+    earlier, dead pass says nothing of the live pass that holds the run now,
+    and its lease is left alone.
     """
     leases = Lease.objects.db_manager(alias)
     for run_id in run_ids:
         dead = WorkflowStep.objects.db_manager(alias).lapsed().filter(run_id=run_id)
-        leases.get_queryset().filter(key=f"{RUN_LEASE_PREFIX}{run_id}").filter(Exists(dead)).expire()
+        by_holder = WorkflowStepAttempt.objects.using(alias).filter(
+            step__in=dead, attempt=F("step__attempt"), holder=OuterRef("holder")
+        )
+        leases.get_queryset().filter(key=f"{RUN_LEASE_PREFIX}{run_id}").filter(Exists(by_holder)).expire()
 
 
 def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:

@@ -172,7 +172,7 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals == 1:
-            logger.warning("%s: finishing the steps in hand, then exiting.", signal.Signals(signum).name)
+            logger.warning("%s: finishing the step in hand, then exiting.", signal.Signals(signum).name)
             self.stop()
             return
         logger.error("%s again: aborting.", signal.Signals(signum).name)

@@ -18,9 +18,10 @@ from django.db import connection, connections
 from django.test import TransactionTestCase
 
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sweep import sweep
 from pikku_django.workflows import run_workflow, runner, send_signal, start_workflow, workflow
 from pikku_django.workflows.waits import SLEEP_RPC
-from tests.conftest import lapse
+from tests.conftest import lapse, lapse_step
 
 #: Threads (by name) that stop at ``gate()`` until released.
 GATED: dict[str, tuple[threading.Event, threading.Event]] = {}
@@ -73,7 +74,9 @@ def break_the_store(broken: bool) -> None:
             )
             return
         old, new = (table, "pikku_attempt_away")
-        cursor.execute(f"ALTER TABLE {old} RENAME TO {new}" if broken else f"ALTER TABLE {new} RENAME TO {old}")
+        cursor.execute(
+            f"ALTER TABLE {old} RENAME TO {new}" if broken else f"ALTER TABLE {new} RENAME TO {old}"
+        )
 
 
 def charge_then_break_the_store() -> str:
@@ -199,3 +202,26 @@ class StoreErrorTests(TransactionTestCase):
             step = WorkflowStep.objects.get(run=run)
             assert (step.status, step.error["type"]) == ("failed", kind)
             assert run.error["step"] == "bye"
+
+
+class SweepFenceTests(TransactionTestCase):
+    """The sweep lapses a run lease only when the pass behind it is dead."""
+
+    def run_with_lapsed_step(self, step_holder: str) -> WorkflowRun:
+        run = start_workflow("fence.gate_then_sleep")
+        step = WorkflowStep.objects.start_step(run.pk, "old", "x.old", 1_000, holder=step_holder)
+        assert step is not None
+        lapse_step(step)
+        assert Lease.objects.acquire(run.lease_key, "live-pass", 60_000) is not None
+        return run
+
+    def test_a_lapsed_step_of_an_earlier_pass_leaves_the_live_pass_its_lease(self) -> None:
+        run = self.run_with_lapsed_step("dead-pass")
+        report = sweep()
+        assert report.lapsed_runs == 1
+        assert Lease.objects.current(run.lease_key).holder == "live-pass"
+
+    def test_a_lapsed_step_of_the_lease_holder_frees_the_run(self) -> None:
+        run = self.run_with_lapsed_step("live-pass")
+        sweep()
+        assert Lease.objects.current(run.lease_key) is None

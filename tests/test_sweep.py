@@ -125,6 +125,7 @@ class DueLaterTests(TestCase):
         # What a worker's take leaves when the worker dies mid-step: wake_at at
         # the take's run lease end, the step under a lapsed lease.
         run = due_later_run("running", lease_expires_at=Lease.objects.db_now_ms() - 1)
+        WorkflowStepAttempt.objects.filter(step__run=run).update(holder="dead-worker")
         Lease.objects.acquire(run.lease_key, "dead-worker", HOUR)
         assert WorkflowRun.objects.stalled(IDLE) == [run.pk]
         report = sweep()
