@@ -200,3 +200,19 @@ class RunStoreError(PikkuError):
         )
         self.run_id = run_id
         self.cause = cause
+
+
+class DatabaseNotMigratedError(PikkuError):
+    """The app's tables are missing: run ``manage.py migrate``."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"The database is not migrated ({cause}); run manage.py migrate.")
+        self.cause = cause
+
+
+class DatabaseUnavailableError(PikkuError):
+    """The database stayed out of reach for longer than a loop waits."""
+
+    def __init__(self, seconds: float, cause: BaseException) -> None:
+        super().__init__(f"The database has been unreachable for {seconds:.0f} s ({cause}); giving up.")
+        self.cause = cause

@@ -17,7 +17,8 @@ import threading
 from django.db import DatabaseError, connections
 
 from pikku_django import wakeups
-from pikku_django.outages import OUTAGE_ERRORS, Outage
+from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError
+from pikku_django.outages import OUTAGE_ERRORS, Outage, is_schema_error
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class Poller:
     #: Whether a wake-up (new work made due in this process or announced by
     #: the database) ends the wait early.
     wakes: bool = True
+    #: Seconds of outage after which the loop gives up (None: never).
+    gives_up_after: float | None = None
 
     def __init__(
         self, name: str, *, stop: threading.Event | None = None, interval: float | None = None
@@ -68,6 +71,7 @@ class Poller:
         if interval is not None:
             self.interval = interval
         self.outage = Outage(name)
+        self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def poll(self) -> bool:
@@ -98,9 +102,19 @@ class Poller:
                     busy = self.poll()
                 except OUTAGE_ERRORS as error:
                     # The database went away (a restart, a failover): wait it
-                    # out; a signal still ends the wait at once.
-                    self.stopping.wait(self.outage.failed(error))
+                    # out; a signal still ends the wait at once. A missing
+                    # table is no outage: waiting will not create it.
+                    if is_schema_error(error):
+                        raise DatabaseNotMigratedError(error) from error
+                    delay = self.outage.failed(error)
+                    if self.gives_up_after is not None and self.outage.lasted >= self.gives_up_after:
+                        raise DatabaseUnavailableError(self.outage.lasted, error) from error
+                    self.stopping.wait(delay)
                     continue
+                except DatabaseError as error:
+                    if is_schema_error(error):
+                        raise DatabaseNotMigratedError(error) from error
+                    raise
                 self.outage.succeeded()
                 if busy or self.stopping.is_set() or self.finished():
                     continue
@@ -137,5 +151,7 @@ class Poller:
     def _run_logged(self) -> None:
         try:
             self.run()
-        except Exception:
+        except Exception as error:
+            # Kept for whoever joins the thread (a worker ends with it).
+            self.error = error
             logger.exception("%s ended with an error.", self.name)

@@ -19,6 +19,21 @@ logger = logging.getLogger(__name__)
 #: (ProgrammingError, IntegrityError) are not an outage and are not waited out.
 OUTAGE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
+#: How long ``pikku_worker --once`` waits for a database that is out of reach
+#: before it gives up (exit 1), so that runs under cron never pile up.
+ONCE_GIVES_UP_AFTER_S = 60.0
+
+#: What a database says of a table that is not there: the schema is missing
+#: (``manage.py migrate`` was never run), which waiting will not mend.
+_MISSING_TABLE = ("no such table", "doesn't exist", "does not exist")
+
+
+def is_schema_error(error: BaseException) -> bool:
+    """True when ``error`` says a table is missing rather than the database unreachable."""
+    message = str(error).lower()
+    return any(text in message for text in _MISSING_TABLE)
+
+
 #: The first wait after a failure, doubling up to the cap.
 FIRST_DELAY = 0.1
 MAX_DELAY = 5.0
@@ -56,6 +71,11 @@ class Outage:
     @property
     def ongoing(self) -> bool:
         return self.started is not None
+
+    @property
+    def lasted(self) -> float:
+        """Seconds since the outage began (0 when there is none)."""
+        return 0.0 if self.started is None else time.monotonic() - self.started
 
     def failed(self, error: BaseException) -> float:
         """Note a failure; returns the seconds to wait before the next try."""

@@ -11,19 +11,30 @@ import logging
 import signal
 import threading
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from types import FrameType
 from typing import Any
+
+from django.db import DatabaseError
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
-from pikku_django.errors import InvalidArgumentError, LeaseLostError, LeaseTakenError, PikkuError, WorkerAbort
+from pikku_django.errors import (
+    DatabaseNotMigratedError,
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    LeaseLostError,
+    LeaseTakenError,
+    PikkuError,
+    WorkerAbort,
+)
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
-from pikku_django.outages import OUTAGE_ERRORS
+from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, is_schema_error
 from pikku_django.queues import queue_slot
 from pikku_django.workflows.runner import drive_run
 
@@ -56,6 +67,10 @@ class Lane(Poller):
 
     def __init__(self, worker: Worker, index: int) -> None:
         super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.interval)
+        if worker.once:
+            # Under cron, a run of --once must end: it gives up on a database
+            # that stays out of reach.
+            self.gives_up_after = ONCE_GIVES_UP_AFTER_S
         self.worker = worker
         self.holder = worker.lane_holder(index)
         self.idle = False
@@ -199,18 +214,48 @@ class Worker:
         return beside
 
     def run(self) -> int:
-        """Drive runs until stopped (or, with ``once``, until nothing is due); returns passes made."""
+        """
+        Drive runs until stopped (or, with ``once``, until nothing is due);
+        returns passes made. A database out of reach at the start is waited
+        for like any outage; one that is not migrated is an error at once.
+        """
         self.thread = threading.current_thread()
         try:
-            # The name is this process's while it runs: a second live worker
-            # under it would share every lease with this one.
-            with hold_lease(WORKER_LEASE_PREFIX + self.holder, holder=default_holder(), using=self.using):
+            with ExitStack() as stack:
+                self._take_name(stack)
                 self._run()
-        except LeaseTakenError:
-            raise WorkerNameTakenError(self.holder) from None
         except LeaseLostError:
             logger.warning("Worker %s lost the lease on its name.", self.holder)
         return self.passes
+
+    def _take_name(self, stack: ExitStack) -> None:
+        """
+        The lease on this worker's name (``worker:NAME``): a second live worker
+        under it would share every lease with this one, so it refuses to start.
+        """
+        outage = Outage(f"Worker {self.holder}")
+        while True:
+            lease = hold_lease(WORKER_LEASE_PREFIX + self.holder, holder=default_holder(), using=self.using)
+            try:
+                lease.__enter__()
+            except LeaseTakenError:
+                raise WorkerNameTakenError(self.holder) from None
+            except OUTAGE_ERRORS as error:
+                if is_schema_error(error):
+                    raise DatabaseNotMigratedError(error) from error
+                delay = outage.failed(error)
+                if self.once and outage.lasted >= ONCE_GIVES_UP_AFTER_S:
+                    raise DatabaseUnavailableError(outage.lasted, error) from error
+                if self.stopping.wait(delay):
+                    raise WorkerAbort from None
+                continue
+            except DatabaseError as error:
+                if is_schema_error(error):
+                    raise DatabaseNotMigratedError(error) from error
+                raise
+            outage.succeeded()
+            stack.push(lease)
+            return
 
     def _run(self) -> None:
         logger.info("Worker %s started with %s lane(s).", self.holder, self.concurrency)
@@ -226,11 +271,15 @@ class Worker:
                     lane.start()
                 # Joined in short waits: signals are handled on this thread.
                 while any(not lane.join(0.2) for lane in lanes):
-                    pass
+                    if any(lane.error is not None for lane in lanes):
+                        self.stop()
         finally:
             self.stop()
             for loop in beside:
                 loop.join(10)
+        failed = next((lane.error for lane in lanes if lane.error is not None), None)
+        if failed is not None:
+            raise failed
         logger.info("Worker %s stopped after %s passes.", self.holder, self.passes)
 
     def spent(self) -> bool:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from pikku_django.conf import conf
+from pikku_django.errors import DatabaseNotMigratedError
 from pikku_django.loops import Poller
 from pikku_django.management.arguments import interval, positive_int, seconds
 from pikku_django.management.logs import configure_logging
+from pikku_django.outages import is_schema_error
 from pikku_django.sweep import SweepReport, sweep
 
 
@@ -77,20 +81,23 @@ class Command(BaseCommand):
             elif verbosity:
                 self.stdout.write(sweep_report.summary())
 
-        if not loop:
-            report(sweep(stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database))
-            return
-        sweeper = SweepLoop(
-            "pikku_sweep --loop",
-            interval=interval,
-            sweep=lambda: sweep(
-                stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
-            ),
-            report=report,
+        one_pass = functools.partial(
+            sweep, stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
         )
-        self._install_signal_handlers(sweeper)
-        # A loop outlives a database restart: the poller waits it out.
-        sweeper.run()
+        try:
+            if not loop:
+                report(one_pass())
+                return
+            sweeper = SweepLoop("pikku_sweep --loop", interval=interval, sweep=one_pass, report=report)
+            self._install_signal_handlers(sweeper)
+            # A loop outlives a database restart: the poller waits it out.
+            sweeper.run()
+        except DatabaseError as error:
+            if is_schema_error(error):
+                raise CommandError(str(DatabaseNotMigratedError(error)), returncode=1) from None
+            raise
+        except DatabaseNotMigratedError as error:
+            raise CommandError(str(error), returncode=1) from None
 
     def _install_signal_handlers(self, sweeper: Poller) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
