@@ -94,8 +94,20 @@ class KeepAlive:
 
     @classmethod
     def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
-        """One renewal of each of ``kept`` (of one batch key); raising proves nothing for any."""
+        """
+        One renewal of each of ``kept`` (of one batch key); raising proves
+        nothing for any. Renewed together when ``renew_together`` renews them
+        all; when it renews fewer, each is asked again on its own to learn
+        which was lost.
+        """
+        if len(kept) > 1 and all(isinstance(item, cls) for item in kept) and cls.renew_together(kept):
+            return [True] * len(kept)
         return [item.renew() for item in kept]
+
+    @classmethod
+    def renew_together(cls, kept: Sequence[KeepAlive]) -> bool:
+        """Renew every one of ``kept`` in one statement; True only if every one was renewed."""
+        return False
 
     def _renew_once(self) -> bool:
         """One renewal; False once the lease is known to be lost."""
@@ -151,28 +163,18 @@ class LeaseRenewal(KeepAlive):
         return (LeaseRenewal, self.using, self.ttl_ms)
 
     @classmethod
-    def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
-        """
-        Renew every lease of ``kept`` (one database and ttl) in one UPDATE,
-        each guarded as ``refresh`` is (this key, holder and token, still
-        live). When it renews them all, that is the answer; when it renews
-        fewer, each is asked again on its own to learn which was lost.
-        """
+    def renew_together(cls, kept: Sequence[KeepAlive]) -> bool:
+        """Every lease of ``kept`` (one database and ttl) in one UPDATE, each guarded as ``refresh`` is."""
         renewals = [item for item in kept if isinstance(item, LeaseRenewal)]
-        if len(renewals) < 2:
-            return super().renew_all(kept)
-        first = renewals[0]
         mine = Q()
         for item in renewals:
             mine |= Q(key=item.lease.key, holder=item.lease.holder, token=item.lease.token)
         renewed = (
-            Lease.objects.using(first.using)
+            Lease.objects.using(renewals[0].using)
             .filter(mine, expires_at__gt=DbNowMs())
-            .update(expires_at=DbNowMs() + Value(first.ttl_ms))
+            .update(expires_at=DbNowMs() + Value(renewals[0].ttl_ms))
         )
-        if renewed == len(renewals):
-            return [True] * len(renewals)
-        return super().renew_all(kept)
+        return renewed == len(renewals)
 
     def start(self) -> None:
         # The process's keeper renews it: no thread of its own per lease.

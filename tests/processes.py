@@ -206,7 +206,15 @@ class ProcessTestCase(TransactionTestCase):
         return code, proc.stdout.read() if proc.stdout is not None else ""
 
     def worker(self, holder: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """A ``pikku_worker`` that has said it is ready (its signal handlers are installed)."""
+        """
+        A ``pikku_worker`` that has said it is ready (its signal handlers are
+        installed), with one lane unless ``args`` say otherwise: these tests
+        follow one worker's passes, and killing a worker of many lanes strands
+        the steps of its other lanes until their leases lapse (the lanes'
+        own tests are tests/test_lanes.py).
+        """
+        if "--concurrency" not in args:
+            args = ("--concurrency", "1", *args)
         proc = self.command("pikku_worker", "--holder", holder, *args, env=env)
         assert self.line(proc, timeout=60) == f"pikku_worker {holder} ready\n"
         return proc

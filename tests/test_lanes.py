@@ -5,17 +5,19 @@ processes on the test database.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
 import pytest
 from django.db import connection, transaction
 
-from pikku_django.models import WorkflowRun, WorkflowStepAttempt
+from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.worker import Worker
 from pikku_django.workflows import start_workflow
-from tests.conftest import poll_until
-from tests.processes import ProcessTestCase, status
+from testproject.testing.models import StepCall
+from tests.conftest import poll_until, subprocess_env
+from tests.processes import ProcessTestCase, attempts, status
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +58,22 @@ class LaneProcessTests(ProcessTestCase):
         proc = self.command("pikku_worker", "--once", "--concurrency", "3", "--holder", "next")
         assert self.exits(proc, timeout=60)[0] == 0, self.log(proc)
         assert [status(run) for run in runs] == ["completed"] * 3
+
+    def test_every_step_of_a_sigkilled_worker_is_taken_again_and_its_late_results_refused(self) -> None:
+        env = subprocess_env(PIKKU_LEASE_TTL_MS="1500")
+        runs = [start_workflow("test.blocker", {"lease_ms": 1500}) for _ in range(3)]
+        victim = self.worker("victim", "--concurrency", "3", "--interval", "0.05", env=env)
+        poll_until(lambda: StepCall.objects.filter(step="block").count() == 3, timeout=30)
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+        # Another worker takes each step again once its lease lapses.
+        rescuer = self.worker("rescuer", "--concurrency", "3", "--interval", "0.05", env=env)
+        poll_until(lambda: all(status(run) == "completed" for run in runs), timeout=60)
+        self.stop(rescuer, "rescuer")
+        for run in runs:
+            step = WorkflowStep.objects.get(run=run, step_name="block")
+            assert attempts(step) == [(1, "running"), (2, "succeeded")]
+            assert WorkflowRun.objects.get(pk=run.pk).output == {"block": {"call": 2}}
 
     def test_a_second_worker_with_the_same_name_refuses_to_start(self) -> None:
         first = self.worker("twin", "--interval", "0.05")

@@ -55,16 +55,11 @@ class StepLeaseRenewal(KeepAlive):
         return (StepLeaseRenewal, self.using, self.ttl_ms)
 
     @classmethod
-    def renew_all(cls, kept: Sequence[KeepAlive]) -> list[bool]:
-        """Every step lease of ``kept`` in one UPDATE (see ``refresh_leases``); one by one if any was lost."""
+    def renew_together(cls, kept: Sequence[KeepAlive]) -> bool:
+        """Every step lease of ``kept`` (one database and lease) in one UPDATE (``refresh_leases``)."""
         renewals = [item for item in kept if isinstance(item, StepLeaseRenewal)]
-        if len(renewals) < 2:
-            return super().renew_all(kept)
-        first = renewals[0]
-        steps = WorkflowStep.objects.db_manager(first.using)
-        if steps.refresh_leases([(item.step_id, item.attempt) for item in renewals], first.ttl_ms):
-            return [True] * len(renewals)
-        return super().renew_all(kept)
+        steps = WorkflowStep.objects.db_manager(renewals[0].using)
+        return steps.refresh_leases([(item.step_id, item.attempt) for item in renewals], renewals[0].ttl_ms)
 
     def start(self) -> None:
         keeper().keep(self)
