@@ -208,13 +208,16 @@ class ProcessTestCase(TransactionTestCase):
     def worker(self, holder: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """
         A ``pikku_worker`` that has said it is ready (its signal handlers are
-        installed), with one lane unless ``args`` say otherwise: these tests
-        follow one worker's passes, and killing a worker of many lanes strands
-        the steps of its other lanes until their leases lapse (the lanes'
-        own tests are tests/test_lanes.py).
+        installed), with one lane and no sweep of its own unless ``args`` say
+        otherwise: these tests follow one worker's passes and the sweeps they
+        run themselves, and killing a worker of many lanes strands the steps
+        of its other lanes until their leases lapse (the lanes and the
+        worker's own sweep have their tests in tests/test_lanes.py).
         """
         if "--concurrency" not in args:
             args = ("--concurrency", "1", *args)
+        if "--sweep-interval" not in args:
+            args = ("--no-sweep", *args)
         proc = self.command("pikku_worker", "--holder", holder, *args, env=env)
         assert self.line(proc, timeout=60) == f"pikku_worker {holder} ready\n"
         return proc

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connection
 from django.test import TransactionTestCase
 
 from pikku_django.models import Lease, WorkflowStep
@@ -21,9 +22,13 @@ async def doubled(value: int) -> int:
 
 
 def lease_left_ms(run_id: Any) -> int:
-    step = WorkflowStep.objects.get(run_id=run_id, step_name="slow")
-    assert step.lease_expires_at is not None
-    return step.lease_expires_at - Lease.objects.db_now_ms()
+    try:
+        step = WorkflowStep.objects.get(run_id=run_id, step_name="slow")
+        assert step.lease_expires_at is not None
+        return step.lease_expires_at - Lease.objects.db_now_ms()
+    finally:
+        # Read on an executor's thread: its connection is this call's alone.
+        connection.close()
 
 
 async def outlasts_its_lease(run_id: str) -> int:

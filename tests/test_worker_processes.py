@@ -87,16 +87,16 @@ class WorkerProcessTestCase(TransactionTestCase):
     def worker(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """
         Start ``manage.py pikku_worker args…`` on the live test database,
-        with one lane (these tests follow one worker's passes; the lanes are
-        tests/test_lanes.py's). Its stderr (the log) goes to a file, so a
-        chatty worker never blocks on a full pipe; stdout is a pipe for the
-        "ready" line.
+        with one lane and no sweep of its own (these tests follow one worker's
+        passes and the sweeps they run; the lanes are tests/test_lanes.py's).
+        Its stderr (the log) goes to a file, so a chatty worker never blocks
+        on a full pipe; stdout is a pipe for the "ready" line.
         """
         log = self.tmp / f"worker-{len(self.log_files)}.log"
         file = open(log, "w")  # noqa: SIM115  (closed in tearDown)
         self.log_files.append(file)
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "pikku_worker", "--concurrency", "1", *args],
+            [sys.executable, "manage.py", "pikku_worker", "--concurrency", "1", "--no-sweep", *args],
             cwd=ROOT,
             env=env or subprocess_env(),
             stdin=subprocess.DEVNULL,
