@@ -11,7 +11,7 @@ import time
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.db.models import Q, Value
 
 from pikku_django import validate
@@ -19,6 +19,7 @@ from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError, LeaseTakenError
 from pikku_django.keeper import keeper
+from pikku_django.managers.base import write_alias
 from pikku_django.models import Lease
 from pikku_django.outages import drop_connections
 
@@ -228,7 +229,7 @@ def hold_lease(
     """
     ttl = validate.positive_ms("ttl_ms", conf.LEASE_TTL_MS if ttl_ms is None else ttl_ms)
     holder = default_holder() if holder is None else holder
-    alias = using or DEFAULT_DB_ALIAS
+    alias = write_alias(Lease, using)
     lease = Lease.objects.db_manager(alias).acquire(key, holder, ttl)
     if lease is None:
         raise LeaseTakenError(key)

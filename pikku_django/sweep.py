@@ -14,13 +14,14 @@ import time
 import uuid
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.lifecycle import time_out_runs
 from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
@@ -77,7 +78,7 @@ def sweep(
         else validate.whole("stalled_after_ms", stalled_after_ms)
     )
     validate.whole("limit", limit, minimum=1)
-    alias = using or DEFAULT_DB_ALIAS
+    alias = write_alias(WorkflowRun, using)
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
 

@@ -32,6 +32,7 @@ from pikku_django.errors import (
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers import ACTIVE_RUN_STATUSES
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, is_schema_error
@@ -156,7 +157,8 @@ class Worker:
         self.batch = batch
         self.once = once
         self.max_runs = max_runs
-        self.using = using
+        # Every read here decides a write: the router's write database.
+        self.using = write_alias(WorkflowRun, using)
         # --once drives what is due and exits: no sweep, schedules or listener beside it.
         self.sweep_interval = None if once else sweep_interval
         self.schedules = schedules and not once
@@ -209,8 +211,8 @@ class Worker:
             beside.append(SweepLoop(self))
         if self.schedules and importlib.util.find_spec("pikku_django.schedules") is not None:
             beside.append(SchedulerLoop(self))
-        if not self.once and carries_notifications(self.using or "default"):
-            beside.append(Listener(self.using or "default", stop=self.stopping))
+        if not self.once and carries_notifications(self.using):
+            beside.append(Listener(self.using, stop=self.stopping))
         return beside
 
     def run(self) -> int:

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.db import router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Q
+from django.db.models import F, Model, Q
 
 from pikku_django.errors import LeaseInTransactionError
 
@@ -30,6 +31,16 @@ def ensure_autocommit(connection: BaseDatabaseWrapper) -> None:
 
 
 FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
+
+
+def write_alias(model: type[Model], using: str | None) -> str:
+    """
+    The database a write of ``model`` goes to: ``using`` when given, else the
+    router's ``db_for_write`` (never its ``db_for_read``: a replica refuses
+    writes, and a read that decides a write must see the primary).
+    """
+    return using or router.db_for_write(model)
+
 
 #: A run a worker may drive: running, or suspended on a wait that may time out.
 ACTIVE_RUN_STATUSES = ("running", "suspended")

@@ -16,6 +16,7 @@ from pikku_django.managers.base import (
     SWEEP_BACKOFF_MAX_MS,
     SWEEP_BACKOFF_MS,
     WOKEN,
+    write_alias,
 )
 from pikku_django.wakeups import work_due
 
@@ -172,8 +173,8 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         from pikku_django.managers.lifecycle import cancel_runs
 
-        assert self.db is not None
-        return cancel_runs(self.db, list(self.unfinished().values_list("pk", flat=True)))
+        alias = write_alias(self.model, self._db)  # type: ignore[attr-defined]
+        return cancel_runs(alias, list(self.using(alias).unfinished().values_list("pk", flat=True)))
 
     def timed_out(self) -> WorkflowRunQuerySet:
         """Unfinished runs past their deadline on the database clock."""
@@ -231,10 +232,11 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
             created_at=DbNow(),
             updated_at=DbNow(),
         )
-        run.save(force_insert=True, using=self.db)
-        run.refresh_from_db(fields=["wake_at", "deadline_at", "created_at", "updated_at"])
+        alias = write_alias(self.model, self._db)
+        run.save(force_insert=True, using=alias)
+        run.refresh_from_db(using=alias, fields=["wake_at", "deadline_at", "created_at", "updated_at"])
         if wake_at is None:
-            work_due(run._state.db or self.db or "default")
+            work_due(alias)
         return run
 
     def start_run(
@@ -254,13 +256,14 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         refused.
         """
         validate.name("idempotency_key", idempotency_key)
-        runs = self.get_queryset()
+        alias = write_alias(self.model, self._db)
+        runs = self.get_queryset().using(alias)
         run = runs.filter(idempotency_key=idempotency_key).first()
         if run is None:
             try:
                 # A savepoint, so a lost race leaves an outer transaction usable.
-                with transaction.atomic(using=self.db):
-                    run = self.create_run(
+                with transaction.atomic(using=alias):
+                    run = self.db_manager(alias).create_run(
                         workflow,
                         input,
                         idempotency_key=idempotency_key,

@@ -61,7 +61,7 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
             )
         signal = self.model(run_id=run_id, name=name, payload=payload, sent_at=DbNowMs())
         signal.save(force_insert=True, using=alias)
-        signal.refresh_from_db(fields=["sent_at"])
+        signal.refresh_from_db(using=signal._state.db, fields=["sent_at"])
         # The signal is committed before this wake, and a pass that suspends
         # looks for signals after it writes its suspension (waits.suspend_run),
         # so one of the two always sees the other: no wake is lost.

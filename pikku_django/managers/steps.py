@@ -99,7 +99,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                     "a step name is used once per run."
                 ) from e
             raise
-        step.refresh_from_db(fields=["created_at", "updated_at"])
+        step.refresh_from_db(using=alias, fields=["created_at", "updated_at"])
         return step
 
     def claim(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS
 
 from pikku_django.errors import InvalidArgumentError
+from pikku_django.managers.base import write_alias
 from pikku_django.models import WorkflowRun, WorkflowSignal
 
 
@@ -17,7 +17,7 @@ def send_signal(run_id: Any, name: str, payload: Any = None, *, using: str | Non
     ``ctx.wait_for_signal(name)`` consumes it, and the run woken if it waits
     for it. An unknown or finished run is a ``ValueError`` naming ``run_id``.
     """
-    return WorkflowSignal.objects.db_manager(using or DEFAULT_DB_ALIAS).send(run_id, name, payload)
+    return WorkflowSignal.objects.db_manager(write_alias(WorkflowSignal, using)).send(run_id, name, payload)
 
 
 def cancel_workflow(run_id: Any, *, using: str | None = None) -> bool:
@@ -25,7 +25,7 @@ def cancel_workflow(run_id: Any, *, using: str | None = None) -> bool:
     Cancel the run and its unfinished children; a step running for them is
     fenced out at once. False if the run had already finished.
     """
-    runs = WorkflowRun.objects.db_manager(using or DEFAULT_DB_ALIAS)
+    runs = WorkflowRun.objects.db_manager(write_alias(WorkflowRun, using))
     try:
         exists = runs.filter(pk=run_id).exists()
     except (ValidationError, ValueError, TypeError):

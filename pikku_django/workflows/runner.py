@@ -24,6 +24,7 @@ from pikku_django.errors import (
 )
 from pikku_django.leases import hold_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import finish_run
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
@@ -47,13 +48,15 @@ def start_workflow(
     priority: int = 0,
     idempotency_key: str | None = None,
     timeout_ms: int | None = None,
+    using: str | None = None,
 ) -> WorkflowRun:
     """
     Start a run of the workflow ``name`` on ``queue``, due at once for a
     worker (higher ``priority`` first); with ``inline=True``, drive it to its
     end here first. A failed run is returned, not raised. A second start with
     the same ``idempotency_key`` returns the first run, whatever its status;
-    ``timeout_ms`` sets a deadline on the database clock.
+    ``timeout_ms`` sets a deadline on the database clock. ``using``: the
+    database (default: the router's ``db_for_write``).
     """
     get_workflow(validate.name("name", name))
     validate.json_value("input", input)
@@ -61,12 +64,11 @@ def start_workflow(
     validate.priority("priority", priority)
     if timeout_ms is not None:
         validate.positive_ms("timeout_ms", timeout_ms)
+    runs = WorkflowRun.objects.db_manager(write_alias(WorkflowRun, using))
     if idempotency_key is None:
-        run = WorkflowRun.objects.create_run(
-            name, input, queue=queue, priority=priority, timeout_ms=timeout_ms
-        )
+        run = runs.create_run(name, input, queue=queue, priority=priority, timeout_ms=timeout_ms)
     else:
-        run = WorkflowRun.objects.start_run(
+        run = runs.start_run(
             name,
             input,
             idempotency_key=idempotency_key,
@@ -82,7 +84,7 @@ def start_workflow(
 def _drive_inline(run: WorkflowRun) -> WorkflowRun:
     """Drive the run here until it ends, or waits for something no pass here can bring (a signal)."""
     while True:
-        run = run_workflow(run.pk)
+        run = run_workflow(run.pk, using=run._state.db)
         if run.is_finished:
             return run
         if run.wake_at is None:
@@ -96,7 +98,7 @@ def _drive_inline(run: WorkflowRun) -> WorkflowRun:
             if child is None or not _drive_inline(child).is_finished:
                 return run
             continue
-        wait_ms = run.wake_at - Lease.objects.db_now_ms()
+        wait_ms = run.wake_at - Lease.objects.db_manager(run._state.db).db_now_ms()
         if wait_ms > 0:
             time.sleep(wait_ms / 1000)
 
@@ -113,7 +115,7 @@ def run_workflow(
     the next ones, until the run ends or meets a step it cannot run now. A run
     held elsewhere is woken again a second later. Returns the run as it is now.
     """
-    alias = using or DEFAULT_DB_ALIAS
+    alias = write_alias(WorkflowRun, using)
     runs = WorkflowRun.objects.using(alias)
     try:
         run = runs.get(pk=run_id)
