@@ -14,9 +14,10 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BigIntegerField, DateTimeField, Expression
+from django.db.models import BigIntegerField, DateTimeField, Expression, Func
 
 if TYPE_CHECKING:
     from django.db.models.sql.compiler import _AsSqlType
@@ -64,6 +65,47 @@ class DbNowMs(Expression):
         return f"(SELECT {POSTGRESQL_NOW_MS})", ()
 
 
+def sqlite_now_text(connection: BaseDatabaseWrapper, minus_ms: int = 0) -> str:
+    """
+    Now (less ``minus_ms``) in UTC as SQLite stores a datetime. With USE_TZ =
+    False it is written naive, still in UTC (as MySQL's UTC_TIMESTAMP is), so
+    that every instant the runtime stores reads back to the same epoch ms.
+    """
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(milliseconds=minus_ms)
+    if not settings.USE_TZ:
+        now = now.replace(tzinfo=None)
+    return str(connection.ops.adapt_datetimefield_value(now))
+
+
+class EpochMs(Func):
+    """
+    A datetime column the runtime wrote (always a UTC instant: ``DbNow``) as
+    epoch milliseconds, so that delays and ages are judged in ms on the
+    database clock, whatever USE_TZ says.
+    """
+
+    output_field = BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> _AsSqlType:
+        return self.as_sql(
+            compiler, connection, template="FLOOR(EXTRACT(EPOCH FROM %(expressions)s) * 1000)::bigint"
+        )
+
+    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> _AsSqlType:
+        return self.as_sql(
+            compiler,
+            connection,
+            template="(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', %(expressions)s) DIV 1000)",
+        )
+
+    def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> _AsSqlType:
+        return self.as_sql(
+            compiler,
+            connection,
+            template="CAST(ROUND((julianday(%(expressions)s) - 2440587.5) * 86400000.0) AS INTEGER)",
+        )
+
+
 class DbNow(Expression):
     """
     The database clock's now as a datetime, optionally ``minus_ms`` earlier,
@@ -92,8 +134,7 @@ class DbNow(Expression):
     def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         # The process clock, bound as a parameter so that Django writes it in
         # exactly the text format it stores datetimes in (and compares them by).
-        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(milliseconds=self.minus_ms)
-        return "%s", (str(connection.ops.adapt_datetimefield_value(now)),)
+        return "%s", (sqlite_now_text(connection, self.minus_ms),)
 
     def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> _AsSqlType:
         raise NotSupportedError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import traceback
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from django.db import router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Model, Q
 
+from pikku_django.clock import sqlite_now_text
 from pikku_django.errors import LeaseInTransactionError
 
 
@@ -63,8 +63,7 @@ def now_params(connection: BaseDatabaseWrapper) -> dict[str, Any]:
     """The ``now_dt`` parameter SQLite's statements take (see ``sql._NOW_DT``)."""
     if connection.vendor != "sqlite":
         return {}
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return {"now_dt": connection.ops.adapt_datetimefield_value(now)}
+    return {"now_dt": sqlite_now_text(connection)}
 
 
 def serialize_error(error: BaseException) -> dict[str, Any]:

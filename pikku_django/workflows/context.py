@@ -12,6 +12,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from pikku_django import validate
+from pikku_django.clock import DbNowMs, EpochMs
 from pikku_django.conf import conf
 from pikku_django.errors import (
     InvalidArgumentError,
@@ -183,8 +184,16 @@ class RunContext(WaitsMixin):
                 raise StepFailedError(name, step.attempt, step.error)
             self._check_live()
             if step.status == "failed" and step.retry_delay:
-                due = int(step.updated_at.timestamp() * 1000) + step.retry_delay
-                if Lease.objects.db_manager(self._using).db_now_ms() < due:
+                # Judged in epoch ms on the database clock, never from a
+                # naive datetime (USE_TZ = False).
+                failed_ms, now = (
+                    steps.filter(pk=step.pk)
+                    .annotate(failed_ms=EpochMs("updated_at"), now=DbNowMs())
+                    .values_list("failed_ms", "now")
+                    .get()
+                )
+                due = int(failed_ms) + step.retry_delay
+                if now < due:
                     raise Suspend(due, f"step {name!r} waits {step.retry_delay} ms to retry")
             attempt = steps.claim_attempt(self.run_id, name, rpc_name, lease_ms, holder=self.holder)
             if attempt is None:
