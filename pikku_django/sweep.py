@@ -1,7 +1,7 @@
 """
 One sweep pass: fail steps that lost their worker on their last attempt, time
-out runs past their deadline, wake runs that need a worker, and prune dead
-lease rows. Every write is a guarded
+out runs past their deadline, wake runs that need a worker (suspended runs
+whose signal is waiting too), and prune dead lease rows. Every write is a guarded
 statement, so sweeps on many nodes at once do no double work and no harm.
 """
 
@@ -21,7 +21,7 @@ from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.lifecycle import time_out_runs
-from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep
+from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowSignal, WorkflowStep
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class SweepReport:
     undispatched_runs: int = 0
     woken_runs: int = 0
     backed_off_runs: int = 0
+    signalled_runs: int = 0
     pruned_leases: int = 0
     duration_ms: int = 0
 
@@ -58,6 +59,7 @@ class SweepReport:
             f"timed out {self.timed_out_runs} runs past their deadline; woke {self.woken_runs} runs "
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
+            f"woke {self.signalled_runs} suspended runs whose signal was waiting; "
             f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
         )
 
@@ -116,6 +118,7 @@ def sweep(
         report.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
         report.backed_off_runs = len(due) - report.woken_runs
 
+    report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
     report.pruned_leases = _prune_leases(limit, dry_run, alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
@@ -132,6 +135,15 @@ def _free_run_leases(run_ids: set[Any], alias: str) -> None:
     for run_id in run_ids:
         dead = WorkflowStep.objects.db_manager(alias).lapsed().filter(run_id=run_id)
         leases.get_queryset().filter(key=f"{RUN_LEASE_PREFIX}{run_id}").filter(Exists(dead)).expire()
+
+
+def wake_signalled_runs(limit: int, dry_run: bool, alias: str) -> int:
+    """
+    Suspended runs waiting for a signal that is stored and unconsumed: a wake
+    that never came (its sender's wake was lost, or the signal was written
+    some other way). Woken at once, ahead of the queue; returns how many.
+    """
+    return WorkflowSignal.objects.db_manager(alias).wake_signalled(limit, dry_run=dry_run)
 
 
 def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:
@@ -214,4 +226,4 @@ def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
     return [key for run_id, key in ids.items() if run_id not in alive]
 
 
-__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep"]
+__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep", "wake_signalled_runs"]
