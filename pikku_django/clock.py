@@ -99,3 +99,20 @@ class DbNow(Expression):
         raise NotSupportedError(
             f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {connection.vendor!r}."
         )
+
+
+def local_now(connection: BaseDatabaseWrapper) -> datetime.datetime | None:
+    """
+    Now on the database clock read in this process, where that clock is the
+    process's own (SQLite, see the module docstring; ``DbNow`` binds the same
+    value there); None where it is the server's. A write may then carry the
+    values a statement would compute, and need not read them back.
+    """
+    if connection.vendor == "sqlite":
+        return datetime.datetime.now(datetime.timezone.utc)
+    return None
+
+
+def epoch_ms(moment: datetime.datetime) -> int:
+    """An aware datetime as epoch milliseconds."""
+    return round(moment.timestamp() * 1000)

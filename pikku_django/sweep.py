@@ -75,9 +75,9 @@ def sweep(
     idle_ms = (
         conf.STALLED_AFTER_MS
         if stalled_after_ms is None
-        else validate.whole("stalled_after_ms", stalled_after_ms)
+        else validate.whole("stalled_after_ms", stalled_after_ms, maximum=validate.MAX_TTL_MS)
     )
-    validate.whole("limit", limit, minimum=1)
+    validate.whole("limit", limit, minimum=1, maximum=validate.MAX_INTEGER)
     alias = using or DEFAULT_DB_ALIAS
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
