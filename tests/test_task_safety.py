@@ -8,6 +8,7 @@ imports nothing arbitrary, and only the backend starts task runs.
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test import TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 
@@ -26,7 +28,8 @@ from pikku_django.errors import (
     TaskArgumentsError,
     TaskPathError,
 )
-from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+from pikku_django.sweep import sweep
 from pikku_django.tasks import PikkuTaskBackend
 from pikku_django.tasks.backend import NOT_INSTALLED_CHECK_ID, OPTIONS_CHECK_ID
 from pikku_django.tasks.compat import TaskResultStatus, task_backends
@@ -39,6 +42,10 @@ from tests.conftest import ROOT, lapse_step, subprocess_env
 
 def drain(holder: str = "w-1") -> int:
     return Worker(holder=holder, once=True, interval=0.01).run()
+
+
+def now_ms() -> int:
+    return Lease.objects.db_now_ms()
 
 
 def result_of(result_id: str) -> Any:
@@ -172,6 +179,22 @@ class StatementTests(TransactionTestCase):
             fetched = result_of(result.id)
         assert len(read.captured_queries) <= 2, read.captured_queries
         assert (fetched.return_value, fetched.worker_ids) == (3, ["w-1"])
+
+
+class DeferredTests(TransactionTestCase):
+    def test_a_deferred_task_is_never_woken_early_by_the_sweep(self) -> None:
+        later = datetime.datetime.fromtimestamp(now_ms() / 1000 + 3600, tz=datetime.timezone.utc)
+        result = tasks.add.using(run_after=later).enqueue(1, 2)
+        # Idle far past the stalled and undispatched windows.
+        ago = datetime.timedelta(minutes=30)
+        WorkflowRun.objects.filter(pk=result.id).update(updated_at=F("updated_at") - ago)
+        WorkflowStep.objects.filter(run_id=result.id).update(updated_at=F("updated_at") - ago)
+        report = sweep(stalled_after_ms=60_000)
+        assert (report.stalled_runs, report.undispatched_runs, report.woken_runs) == (0, 0, 0)
+        assert drain() == 0 and result_of(result.id).status == TaskResultStatus.READY
+        # Once due on the database clock, a worker runs it.
+        WorkflowRun.objects.filter(pk=result.id).update(wake_at=now_ms())
+        assert drain() == 1 and result_of(result.id).return_value == 3
 
 
 #: A module that is no installed app's, and writes its marker file when imported.

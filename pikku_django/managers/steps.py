@@ -101,18 +101,23 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         step.refresh_from_db(fields=["created_at", "updated_at"])
         return step
 
-    def insert_pending(self, run: WorkflowRun, step_name: str, rpc_name: str, *, retries: int) -> None:
+    def insert_pending(
+        self, run: WorkflowRun, step_name: str, rpc_name: str, *, retries: int, deferred: bool = False
+    ) -> None:
         """
         A new pending step of ``run`` in one INSERT, on the caller's
         connection and in its transaction if it has one: no history row (its
-        first claim writes that) and nothing read back.
+        first claim writes that) and nothing read back. A ``deferred`` step
+        (its run due later) is ``scheduled``, in flight as a sleep is, so the
+        sweep never takes its run for stalled or undispatched and wakes it
+        early; a claim takes it as it takes a pending step.
         """
         self.model(
             run=run,
             step_name=validate.name("step_name", step_name),
             rpc_name=validate.name("rpc_name", rpc_name),
             retries=validate.retries("retries", retries),
-            status="pending",
+            status="scheduled" if deferred else "pending",
             attempt=1,
             created_at=DbNow(),
             updated_at=DbNow(),

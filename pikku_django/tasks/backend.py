@@ -145,7 +145,7 @@ class PikkuTaskBackend(BaseTaskBackend):
         )
         # Stored now, so that a worker only claims it.
         WorkflowStep.objects.db_manager(alias).insert_pending(
-            run, TASK_STEP, task.module_path, retries=self.retries
+            run, TASK_STEP, task.module_path, retries=self.retries, deferred=run_after_ms is not None
         )
         result = build_result(task, self.alias, run, None, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)
