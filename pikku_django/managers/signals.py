@@ -115,8 +115,9 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
     def wake_signalled(self, limit: int, *, dry_run: bool = False) -> int:
         """
         Wake suspended runs that wait for a signal already stored and not
-        consumed (a wake that never came): one guarded UPDATE per pass, still
-        conditioned on the run being suspended with that signal waiting.
+        consumed (a wake that never came): up to ``limit`` of them read, then
+        one guarded UPDATE, still conditioned on each run being suspended with
+        that signal waiting, so sweeps on many nodes wake a run once.
         Returns how many runs were woken (with ``dry_run``, would be).
         """
         from pikku_django.models import WorkflowRun
