@@ -20,7 +20,12 @@ SETTING_CHECK_IDS: dict[str, str] = {
     "PIKKU_STALLED_AFTER_MS": "pikku_django.E004",
     "PIKKU_UNDISPATCHED_AFTER_MS": "pikku_django.E005",
     "PIKKU_LEASE_PRUNE_AFTER_MS": "pikku_django.E006",
+    "PIKKU_MAX_JSON_BYTES": "pikku_django.E008",
 }
+
+
+#: What each setting that is not in milliseconds counts.
+UNITS = {"PIKKU_STEP_RETRIES": "retries", "PIKKU_MAX_JSON_BYTES": "bytes"}
 
 
 @register(Tags.compatibility)
@@ -34,8 +39,7 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
             errors.append(
                 Error(
                     f"{name} must be an int >= {floor}, not {value!r}.",
-                    hint=f"Set {name} to a whole number of "
-                    f"{'retries' if name in ZERO_ALLOWED else 'milliseconds'}, "
+                    hint=f"Set {name} to a whole number of {UNITS.get(name, 'milliseconds')}, "
                     f"or remove it to use the default ({DEFAULTS[name]}).",
                     id=check_id,
                 )
@@ -87,6 +91,28 @@ def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> lis
                 )
             )
     return errors
+
+
+@register(Tags.compatibility)
+def check_task_backends(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """
+    Each PikkuTaskBackend's own check (pikku_django.E020, E021), where the
+    Tasks framework's check does not run it (Django 5.2 without the
+    ``django_tasks`` app installed).
+    """
+    backends = getattr(django_settings, "TASKS", None) or {}
+    ours = [
+        alias
+        for alias, config in backends.items()
+        if isinstance(config, dict) and str(config.get("BACKEND", "")).startswith("pikku_django.")
+    ]
+    if not ours:
+        return []
+    from pikku_django.tasks.compat import framework_checks_backends, task_backends
+
+    if framework_checks_backends():
+        return []
+    return [message for alias in ours for message in task_backends[alias].check()]
 
 
 @register(Tags.database)

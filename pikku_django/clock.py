@@ -72,9 +72,12 @@ def sqlite_now_text(connection: BaseDatabaseWrapper, minus_ms: int = 0) -> str:
     that every instant the runtime stores reads back to the same epoch ms.
     """
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(milliseconds=minus_ms)
-    if not settings.USE_TZ:
-        now = now.replace(tzinfo=None)
-    return str(connection.ops.adapt_datetimefield_value(now))
+    return str(connection.ops.adapt_datetimefield_value(as_stored(now)))
+
+
+def as_stored(moment: datetime.datetime) -> datetime.datetime:
+    """An aware UTC instant as a DateTimeField stores it: aware, or naive UTC when USE_TZ = False."""
+    return moment if settings.USE_TZ else moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
 
 
 class EpochMs(Func):
@@ -140,3 +143,20 @@ class DbNow(Expression):
         raise NotSupportedError(
             f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {connection.vendor!r}."
         )
+
+
+def local_now(connection: BaseDatabaseWrapper) -> datetime.datetime | None:
+    """
+    Now on the database clock read in this process, where that clock is the
+    process's own (SQLite, see the module docstring; ``DbNow`` binds the same
+    value there); None where it is the server's. A write may then carry the
+    values a statement would compute, and need not read them back.
+    """
+    if connection.vendor == "sqlite":
+        return datetime.datetime.now(datetime.timezone.utc)
+    return None
+
+
+def epoch_ms(moment: datetime.datetime) -> int:
+    """An aware datetime as epoch milliseconds."""
+    return round(moment.timestamp() * 1000)

@@ -20,6 +20,8 @@ DEFAULTS: dict[str, int] = {
     "PIKKU_UNDISPATCHED_AFTER_MS": 30_000,
     # How long a lapsed lease row is kept before the sweep prunes it.
     "PIKKU_LEASE_PRUNE_AFTER_MS": 7 * 24 * 3600 * 1000,
+    # The largest JSON value (input, payload, step result, output, task args) stored, in bytes.
+    "PIKKU_MAX_JSON_BYTES": 2 * 1024 * 1024,
 }
 
 #: The largest ``concurrency`` a queue of PIKKU_QUEUES may have: a worker
@@ -59,6 +61,10 @@ class Settings:
     @property
     def LEASE_PRUNE_AFTER_MS(self) -> int:  # noqa: N802
         return int(self._get("PIKKU_LEASE_PRUNE_AFTER_MS"))
+
+    @property
+    def MAX_JSON_BYTES(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_MAX_JSON_BYTES"))
 
     @property
     def QUEUES(self) -> dict[str, dict[str, Any]]:  # noqa: N802

@@ -120,11 +120,57 @@ class StepFailedError(PikkuError):
         super().__init__(f"Step {step_name!r} failed on its last attempt ({attempts}): {message}")
 
 
-class WorkerLostError(PikkuError):
+class WorkerLostError(StepLeaseExpiredError):
     """
     An attempt's worker stopped renewing its step lease (it died, or lost the
-    database), so the attempt was taken again by another; how the Tasks
-    backend reports such an attempt in ``TaskResult.errors``.
+    database): how the Tasks backend reports each such attempt in
+    ``TaskResult.errors``, naming the worker (``holder``). A
+    ``StepLeaseExpiredError``, so the last attempt of a task failed by its
+    lost worker is both.
+    """
+
+    def __init__(self, run_id: object, step_name: str, attempt: int, holder: str, *, last: bool) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.attempts = self.attempt = attempt
+        self.holder = holder
+        then = (
+            "it was the last attempt allowed, so the task failed"
+            if last
+            else "the task was taken again as a new attempt"
+        )
+        PikkuError.__init__(
+            self,
+            f"Attempt {attempt} ran on worker {holder or '(unnamed)'}, which stopped renewing its "
+            f"step lease (it died or lost the database); {then}.",
+        )
+
+
+class TaskArgumentsError(InvalidArgumentError, TypeError):
+    """
+    A task's arguments are not JSON: a ``TypeError``, as Django's Tasks
+    framework raises for them, and a ``PikkuError``.
+    """
+
+
+class RaisedBaseExceptionError(PikkuError):
+    """
+    Carries a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``) out of a task's function as its attempt's error,
+    so the worker records it and goes on. Stored as ``original``'s own type,
+    message and traceback.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+        super().__init__(f"{type(original).__name__}: {original}")
+
+
+class WorkerAbortedError(KeyboardInterrupt):
+    """
+    The worker's own abort (a second SIGTERM/SIGINT): the one
+    ``KeyboardInterrupt`` a task's function does not keep as its error. Not a
+    ``PikkuError``: it must stay out of reach of ``except Exception``.
     """
 
 
@@ -172,10 +218,6 @@ class WorkflowTimeoutError(PikkuError):
             f"Workflow run {run_id} passed its deadline{after} on the database clock unfinished; "
             "it is failed and its children cancelled. Give it a longer timeout_ms if it needs one."
         )
-
-
-class WorkerAbort(KeyboardInterrupt):
-    """A worker's second signal: abort now. The only interrupt that stops a worker."""
 
 
 class StoreFailure(BaseException):

@@ -284,12 +284,17 @@ class WorkflowSignal(models.Model):
         WorkflowStep, null=True, blank=True, on_delete=models.SET_NULL, related_name="signal"
     )
     consumed_at = models.BigIntegerField(null=True, blank=True, help_text="Epoch ms on the database clock.")
+    # Unique per run, so a sender that retries with its key stores one signal.
+    idempotency_key = ExactCharField(max_length=255, null=True, blank=True)
 
     objects = WorkflowSignalManager()
 
     class Meta:
         db_table = "pikku_workflow_signal"
         ordering = ["sent_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "idempotency_key"], name="pikku_signal_run_key_uniq"),
+        ]
         indexes = [
             # A wait's "oldest unconsumed signal of this name" probe; also the run FK's index.
             models.Index(fields=["run", "name", "sent_at"], name="pikku_signal_run_name_idx"),

@@ -1,9 +1,9 @@
 """
 One sweep pass: fail steps that lost their worker on their last attempt, time
 out runs past their deadline, wake runs that need a worker (never one due
-later, unless its worker was lost in a step), and prune dead lease rows. Every
-write is a guarded statement, so sweeps on many nodes at once do no double
-work and no harm.
+later, unless its worker was lost in a step; suspended runs whose signal is
+waiting too), and prune dead lease rows. Every write is a guarded statement,
+so sweeps on many nodes at once do no double work and no harm.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.lifecycle import time_out_runs
-from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.models import (
+    Lease,
+    LeaseTokenFloor,
+    WorkflowRun,
+    WorkflowSignal,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,7 @@ class SweepReport:
     undispatched_runs: int = 0
     woken_runs: int = 0
     backed_off_runs: int = 0
+    signalled_runs: int = 0
     pruned_leases: int = 0
     duration_ms: int = 0
 
@@ -60,6 +68,7 @@ class SweepReport:
             f"timed out {self.timed_out_runs} runs past their deadline; woke {self.woken_runs} runs "
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
+            f"woke {self.signalled_runs} suspended runs whose signal was waiting; "
             f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
         )
 
@@ -75,9 +84,9 @@ def sweep(
     idle_ms = (
         conf.STALLED_AFTER_MS
         if stalled_after_ms is None
-        else validate.whole("stalled_after_ms", stalled_after_ms)
+        else validate.whole("stalled_after_ms", stalled_after_ms, maximum=validate.MAX_TTL_MS)
     )
-    validate.whole("limit", limit, minimum=1)
+    validate.whole("limit", limit, minimum=1, maximum=validate.MAX_INTEGER)
     alias = write_alias(WorkflowRun, using)
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
@@ -120,6 +129,7 @@ def sweep(
         report.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
         report.backed_off_runs = len(due) - report.woken_runs
 
+    report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
     report.pruned_leases = _prune_leases(limit, dry_run, alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
@@ -142,6 +152,15 @@ def _free_run_leases(run_ids: set[Any], alias: str) -> None:
             step__in=dead, attempt=F("step__attempt"), holder=OuterRef("holder")
         )
         leases.get_queryset().filter(key=f"{RUN_LEASE_PREFIX}{run_id}").filter(Exists(by_holder)).expire()
+
+
+def wake_signalled_runs(limit: int, dry_run: bool, alias: str) -> int:
+    """
+    Suspended runs waiting for a signal that is stored and unconsumed: a wake
+    that never came (its sender's wake was lost, or the signal was written
+    some other way). Woken at once, ahead of the queue; returns how many.
+    """
+    return WorkflowSignal.objects.db_manager(alias).wake_signalled(limit, dry_run=dry_run)
 
 
 def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:
@@ -224,4 +243,4 @@ def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
     return [key for run_id, key in ids.items() if run_id not in alive]
 
 
-__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep"]
+__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep", "wake_signalled_runs"]

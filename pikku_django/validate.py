@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError
 
 #: Keys and holders are varchar(255): longer is refused, never truncated.
@@ -12,6 +13,9 @@ MAX_NAME_LENGTH = 255
 
 #: Longest ttl accepted: about 31 years, far inside a bigint of epoch ms.
 MAX_TTL_MS = 10**12
+
+#: The largest value a BigIntegerField (epoch ms, tokens) holds.
+MAX_BIGINT = 2**63 - 1
 
 
 def name(argument: str, value: object) -> str:
@@ -42,21 +46,86 @@ def positive_ms(argument: str, value: object) -> int:
     return value
 
 
-def whole(argument: str, value: object, *, minimum: int = 0) -> int:
-    """A whole number >= ``minimum`` (``True`` is not a number)."""
+def whole(argument: str, value: object, *, minimum: int = 0, maximum: int = MAX_BIGINT) -> int:
+    """A whole number from ``minimum`` to ``maximum`` (``True`` is not a number)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{argument} must be an int, not {type(value).__name__}.")
     if value < minimum:
         raise InvalidArgumentError(f"{argument} must be >= {minimum}, not {value}.")
+    if value > maximum:
+        raise InvalidArgumentError(f"{argument} must be at most {maximum}, not {value}.")
     return value
 
 
-def json_value(argument: str, value: Any) -> Any:
-    """A value that survives a JSON round trip unchanged in kind."""
+#: A step's ``retries`` and ``retry_delay`` are PositiveIntegerFields (signed
+#: 32-bit columns); ``attempt``, which reaches ``retries + 1``, is one too.
+MAX_INTEGER = 2**31 - 1
+MAX_RETRIES = MAX_INTEGER - 1
+
+
+def retries(argument: str, value: object) -> int:
+    """A step's retries (attempts after the first): 0 to ``MAX_RETRIES``."""
+    return whole(argument, value, maximum=MAX_RETRIES)
+
+
+def retry_delay(argument: str, value: object) -> int:
+    """A step's delay before a retry, in milliseconds: 0 to ``MAX_INTEGER``."""
+    return whole(argument, value, maximum=MAX_INTEGER)
+
+
+def json_text(
+    argument: str, value: Any, *, not_json: type[InvalidArgumentError] = InvalidArgumentError
+) -> str:
+    """
+    ``value`` as the JSON text stored for it, refused (naming ``argument``)
+    unless a JSON round trip keeps it, it holds no NUL character or lone
+    surrogate in any string or key (PostgreSQL's jsonb cannot store them),
+    and it is at most ``PIKKU_MAX_JSON_BYTES`` long. A value that is not JSON
+    raises ``not_json``.
+    """
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"{argument} must be JSON-serialisable: {e}") from e
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise not_json(f"{argument} must be JSON-serialisable: {e}") from e
+    limit = conf.MAX_JSON_BYTES
+    # ASCII (json.dumps escapes the rest), so its length is its size in bytes.
+    if len(text) > limit:
+        raise InvalidArgumentError(
+            f"{argument} is {len(text)} bytes of JSON; at most {limit} are stored "
+            "(PIKKU_MAX_JSON_BYTES). Store large data elsewhere and pass a reference to it."
+        )
+    # Escapes are only a hint (a string may hold a backslash and 'u0000'):
+    # the walk decides, and runs only when one is there.
+    if ("\\u0000" in text or "\\ud" in text) and (bad := _unstorable(value)) is not None:
+        raise InvalidArgumentError(f"{argument} must not hold {bad} in any string or key.")
+    return text
+
+
+def _unstorable(value: Any) -> str | None:
+    """What in ``value`` no database stores in JSON (a NUL, a lone surrogate), or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "a NUL character"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a lone surrogate"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
+
+
+def json_value(
+    argument: str, value: Any, *, not_json: type[InvalidArgumentError] = InvalidArgumentError
+) -> Any:
+    """A value that survives a JSON round trip unchanged in kind and can be stored (see ``json_text``)."""
+    json_text(argument, value, not_json=not_json)
     return value
 
 

@@ -27,7 +27,7 @@ from pikku_django.errors import (
     LeaseLostError,
     LeaseTakenError,
     PikkuError,
-    WorkerAbort,
+    WorkerAbortedError,
 )
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
@@ -193,7 +193,7 @@ class Worker:
             self.stop()
             return
         logger.error("%s again: aborting.", signal.Signals(signum).name)
-        raise WorkerAbort
+        raise WorkerAbortedError
 
     def stop(self) -> None:
         """Ask every loop to end after the unit in hand (safe more than once)."""
@@ -224,16 +224,17 @@ class Worker:
         self.thread = threading.current_thread()
         try:
             with ExitStack() as stack:
-                self._take_name(stack)
-                self._run()
+                if self._take_name(stack):
+                    self._run()
         except LeaseLostError:
             logger.warning("Worker %s lost the lease on its name.", self.holder)
         return self.passes
 
-    def _take_name(self, stack: ExitStack) -> None:
+    def _take_name(self, stack: ExitStack) -> bool:
         """
         The lease on this worker's name (``worker:NAME``): a second live worker
         under it would share every lease with this one, so it refuses to start.
+        False if the worker was stopped while it waited for the database.
         """
         outage = Outage(f"Worker {self.holder}")
         while True:
@@ -249,7 +250,7 @@ class Worker:
                 if self.once and outage.lasted >= ONCE_GIVES_UP_AFTER_S:
                     raise DatabaseUnavailableError(outage.lasted, error) from error
                 if self.stopping.wait(delay):
-                    raise WorkerAbort from None
+                    return False
                 continue
             except DatabaseError as error:
                 if is_schema_error(error):
@@ -257,7 +258,7 @@ class Worker:
                 raise
             outage.succeeded()
             stack.push(lease)
-            return
+            return True
 
     def _run(self) -> None:
         logger.info("Worker %s started with %s lane(s).", self.holder, self.concurrency)

@@ -113,6 +113,11 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
         },
     }
 
+# The default task backend's OPTIONS, as JSON from the environment (for the
+# tests that run ``manage.py check`` on bad ones).
+if env.str("PIKKU_TASK_OPTIONS", default="") and "TASKS" in globals():
+    TASKS["default"]["OPTIONS"] = json.loads(env.str("PIKKU_TASK_OPTIONS"))  # type: ignore[index]
+
 # Per-queue concurrency, as JSON from the environment for worker processes.
 if env.str("PIKKU_QUEUES", default=""):
     PIKKU_QUEUES = json.loads(env.str("PIKKU_QUEUES"))

@@ -286,6 +286,7 @@ class CommandLineTests(ProcessTestCase):
             "undispatched_runs",
             "woken_runs",
             "backed_off_runs",
+            "signalled_runs",
             "pruned_leases",
             "duration_ms",
         }

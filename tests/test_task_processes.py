@@ -106,6 +106,28 @@ class TaskWorkerTests(WorkerProcessTestCase):
         assert not StepCall.objects.filter(step__startswith="b").exists()
 
 
+class TaskExitTests(WorkerProcessTestCase):
+    def test_a_task_calling_sys_exit_is_failed_and_the_worker_goes_on_and_exits_0(self) -> None:
+        exiting = tasks.exits_every_attempt.enqueue()  # retries 2: three attempts
+        interrupted = tasks.interrupts.using(priority=-1).enqueue()
+        after = tasks.add.using(priority=-2).enqueue(20, 22)
+        out = self.once("proc-exit")
+        assert out.endswith("stopped after 3 passes\n"), out
+        exiting = tasks.exits_every_attempt.get_result(exiting.id)
+        assert exiting.status == TaskResultStatus.FAILED
+        assert (exiting.attempts, exiting.worker_ids) == (3, ["proc-exit"] * 3)
+        assert [e.exception_class_path for e in exiting.errors] == ["builtins.SystemExit"] * 3
+        assert list(StepCall.objects.filter(run_id=exiting.id).values_list("step", flat=True)) == [
+            "attempt 1",
+            "attempt 2",
+            "attempt 3",
+        ]
+        assert [e.exception_class_path for e in result_of(interrupted.id).errors] == [
+            "builtins.KeyboardInterrupt"
+        ]
+        assert result_of(after.id).return_value == 42
+
+
 @skipIf(
     connection.vendor == "sqlite",
     "on SQLite the database clock is the process clock by design (one host), so faketime moves it too",

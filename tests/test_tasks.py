@@ -16,7 +16,12 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.test import TransactionTestCase
 
-from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskPathError
+from pikku_django.errors import (
+    InvalidArgumentError,
+    PikkuConfigurationError,
+    StepLeaseExpiredError,
+    TaskPathError,
+)
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks import PikkuTaskBackend
 from pikku_django.tasks.compat import (
@@ -186,8 +191,10 @@ class EnqueueTests(TransactionTestCase):
         assert result.status == TaskResultStatus.FAILED
         assert result.worker_ids == ["w-dead"]
         ((error,),) = [result.errors]
-        assert error.exception_class_path == "pikku_django.errors.StepLeaseExpiredError"
-        assert error.exception_class.__mro__[1].__name__ == "PikkuError"
+        # The last lost attempt names its worker too, and is a StepLeaseExpiredError.
+        assert error.exception_class_path == "pikku_django.errors.WorkerLostError"
+        assert issubclass(error.exception_class, StepLeaseExpiredError)
+        assert "w-dead" in error.traceback and "last attempt" in error.traceback
         # The task was never called again.
         assert signals.seen == []
 
@@ -226,6 +233,7 @@ class EnqueueTests(TransactionTestCase):
                 "lease_ms": None,
                 "run_after_ms": None,
             },
+            internal=True,
         )
         for path in ["os.system", "testproject.testing.models.StepCall", "nowhere.at.all", "os"]:
             with pytest.raises(TaskPathError):
@@ -249,10 +257,11 @@ class EnqueueTests(TransactionTestCase):
             tasks.add.using(queue_name="nope")
         with pytest.raises(InvalidTask):
             tasks.add.using(priority=101)
-        with pytest.raises(PikkuConfigurationError, match="retries"):
-            PikkuTaskBackend("x", {"OPTIONS": {"retries": -1}})
-        with pytest.raises(PikkuConfigurationError, match="unknown"):
-            PikkuTaskBackend("x", {"OPTIONS": {"retry": 1}})
+        # Bad OPTIONS are check messages (see test_task_checks.py); such a backend stores nothing.
+        for options in [{"retries": -1}, {"retry": 1}]:
+            with pytest.raises(PikkuConfigurationError, match="OPTIONS"):
+                PikkuTaskBackend("x", {"OPTIONS": options}).enqueue(tasks.add, [1, 2], {})
+        assert not WorkflowRun.objects.exists()
 
     def test_priority_queue_and_run_after_are_stored(self) -> None:
         now = Lease.objects.db_now_ms()

@@ -35,10 +35,19 @@ def json_text(argument: str, value: Any) -> str | None:
     """``value`` as the JSON text stored for it (None is SQL NULL): validated and encoded at once."""
     if value is None:
         return None
+    return validate.json_text(argument, value)
+
+
+def shown_text(value: Any) -> str | None:
+    """
+    A step's arguments as stored for the admin to show: their JSON text, or
+    NULL when they cannot be stored (too large, a NUL): they are only shown,
+    so a step is never refused for them.
+    """
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"{argument} must be JSON-serialisable: {e}") from e
+        return json_text("data", value)
+    except InvalidArgumentError:
+        return None
 
 
 def _holder(holder: str | None) -> str:
@@ -160,9 +169,9 @@ class StepAttemptsMixin:
             "step_name": validate.name("step_name", step_name),
             "rpc_name": validate.name("rpc_name", rpc_name),
             "lease_ms": validate.positive_ms("lease_ms", lease_ms),
-            "data": json_text("data", data),
-            "retries": conf.STEP_RETRIES if retries is None else validate.whole("retries", retries),
-            "retry_delay": None if retry_delay is None else validate.whole("retry_delay", retry_delay),
+            "data": shown_text(data),
+            "retries": conf.STEP_RETRIES if retries is None else validate.retries("retries", retries),
+            "retry_delay": None if retry_delay is None else validate.retry_delay("retry_delay", retry_delay),
             "holder": _holder(holder),
             **(UNFENCED if fence is None else fence.params()),
         }
@@ -180,7 +189,7 @@ class StepAttemptsMixin:
             run_id=run_id,
             step_name=step_name,
             rpc_name=rpc_name,
-            data=data,
+            data=None if params["data"] is None else data,
             status="running",
             retries=params["retries"],
             retry_delay=params["retry_delay"],
@@ -285,7 +294,7 @@ class StepAttemptsMixin:
         writes nothing. Returns the result as a replay will return it (its
         JSON round trip).
         """
-        validate.whole("attempt", attempt, minimum=1)
+        validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         if error is not None:
             if not isinstance(error, BaseException):
                 raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}.")

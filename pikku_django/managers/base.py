@@ -13,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Model, Q
 
 from pikku_django.clock import sqlite_now_text
-from pikku_django.errors import LeaseInTransactionError
+from pikku_django.errors import LeaseInTransactionError, RaisedBaseExceptionError
 
 
 def ensure_autocommit(connection: BaseDatabaseWrapper) -> None:
@@ -67,13 +67,46 @@ def now_params(connection: BaseDatabaseWrapper) -> dict[str, Any]:
 
 
 def serialize_error(error: BaseException) -> dict[str, Any]:
-    """An exception as the JSON stored on a failed step or run."""
+    """
+    An exception as the JSON stored on a failed step or run (a carried
+    ``SystemExit`` or ``KeyboardInterrupt`` as itself): its message and
+    traceback with NUL characters removed (PostgreSQL's jsonb cannot store
+    them) and bounded in size, so recording a failure never fails on them.
+    """
+    if isinstance(error, RaisedBaseExceptionError):
+        error = error.original
     cls = type(error)
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
+        "message": _bounded(_message(error), MAX_ERROR_MESSAGE_CHARS),
+        "traceback": _bounded("".join(traceback.format_exception(error)), MAX_TRACEBACK_CHARS),
     }
+
+
+#: How much of an error's message and traceback is stored (the traceback's
+#: end, where the error was raised, is kept).
+MAX_ERROR_MESSAGE_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 64_000
+
+
+def _message(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:  # an error whose __str__ raises is still recorded
+        return f"<{type(error).__qualname__}: its message could not be read>"
+
+
+def _bounded(text: str, limit: int) -> str:
+    """
+    ``text`` without NUL characters or lone surrogates (no database stores
+    them), cut to ``limit`` characters around an elision mark.
+    """
+    text = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    mark = f"\n[... {len(text) - limit} characters left out ...]\n"
+    head = limit // 4
+    return text[:head] + mark + text[len(text) - (limit - head) :]
 
 
 class _Shown:

@@ -8,7 +8,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from pikku_django import validate
-from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
 from pikku_django.errors import InvalidArgumentError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
@@ -110,7 +110,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         on the database clock, and not due later (``WorkflowRunManager.stalled()``
         lists them).
         """
-        validate.whole("idle_ms", idle_ms)
+        validate.whole("idle_ms", idle_ms, maximum=validate.MAX_TTL_MS)
         from pikku_django.models import WorkflowStep
 
         steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
@@ -204,6 +204,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         idempotency_key: str | None = None,
         timeout_ms: int | None = None,
         parent: WorkflowRun | None = None,
+        internal: bool = False,
     ) -> WorkflowRun:
         """
         A new run of ``workflow`` on ``queue``, running and due at once (or at
@@ -212,29 +213,37 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         A used ``idempotency_key`` raises IntegrityError (see ``start_run``).
         It is one INSERT on the manager's connection, so inside
         ``transaction.atomic()`` it commits or rolls back with the caller's
-        own writes.
+        own writes. The runs of an internal workflow (the Tasks backend's)
+        are created only with ``internal=True``.
         """
+        refuse_internal(workflow, internal)
         if wake_at is not None:
             validate.whole("wake_at", wake_at)
         if idempotency_key is not None:
             validate.name("idempotency_key", idempotency_key)
-        deadline = None if timeout_ms is None else DbNowMs() + validate.positive_ms("timeout_ms", timeout_ms)
+        # Where the database clock is this process's own, its values are
+        # written as such and nothing is read back.
+        alias = write_alias(self.model, self._db)
+        here = local_now(connections[alias])
+        now_ms: Any = DbNowMs() if here is None else epoch_ms(here)
+        now_dt: Any = DbNow() if here is None else as_stored(here)
+        deadline = None if timeout_ms is None else now_ms + validate.positive_ms("timeout_ms", timeout_ms)
         run = self.model(
             workflow=validate.name("workflow", workflow),
             input=validate.json_value("input", input),
             queue=validate.queue_name("queue", queue),
             priority=validate.priority("priority", priority),
             status="running",
-            wake_at=DbNowMs() if wake_at is None else wake_at,
+            wake_at=now_ms if wake_at is None else wake_at,
             idempotency_key=idempotency_key,
             deadline_at=deadline,
             parent=parent,
-            created_at=DbNow(),
-            updated_at=DbNow(),
+            created_at=now_dt,
+            updated_at=now_dt,
         )
-        alias = write_alias(self.model, self._db)
         run.save(force_insert=True, using=alias)
-        run.refresh_from_db(using=alias, fields=["wake_at", "deadline_at", "created_at", "updated_at"])
+        if here is None:
+            run.refresh_from_db(using=alias, fields=["wake_at", "deadline_at", "created_at", "updated_at"])
         if wake_at is None:
             work_due(alias)
         return run
@@ -256,6 +265,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         refused.
         """
         validate.name("idempotency_key", idempotency_key)
+        refuse_internal(workflow, internal=False)
         alias = write_alias(self.model, self._db)
         runs = self.get_queryset().using(alias)
         run = runs.filter(idempotency_key=idempotency_key).first()
@@ -288,7 +298,18 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         or NULL (parked) lease; a lapsed lease is a dead worker and is not in
         flight. Due later means waiting by design (``due_later()``).
         """
-        validate.whole("limit", limit, minimum=1)
+        validate.whole("limit", limit, minimum=1, maximum=validate.MAX_INTEGER)
         return list(
             self.get_queryset().idle(idle_ms).order_by("updated_at").values_list("pk", flat=True)[:limit]
+        )
+
+
+def refuse_internal(workflow: object, internal: bool) -> None:
+    """A run of an internal workflow is started only by pikku_django's own code."""
+    from pikku_django.workflows.registry import is_internal
+
+    if not internal and isinstance(workflow, str) and is_internal(workflow):
+        raise InvalidArgumentError(
+            f"name: workflow {workflow!r} is pikku_django's own; only its backend starts runs of it "
+            "(enqueue a Django Task instead)."
         )

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, router
+from django.db import IntegrityError, models, router, transaction
 from django.db.models import Exists, OuterRef
+from django.db.models.fields.json import KeyTextTransform
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import InvalidArgumentError
 from pikku_django.managers.base import WOKEN
+from pikku_django.wakeups import work_due
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
@@ -40,15 +42,22 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
     def _write_db(self) -> str:
         return self.db if self._db else router.db_for_write(self.model)
 
-    def send(self, run_id: Any, name: str, payload: Any = None) -> WorkflowSignal:
+    def send(
+        self, run_id: Any, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> WorkflowSignal:
         """
         Store a signal for the run and wake the run if one of its steps waits
-        for ``name``. An unknown or finished run is refused, naming ``run_id``.
+        for ``name``, in one transaction: both commit or neither does. An
+        unknown or finished run is refused, naming ``run_id``. A second send
+        with the run's ``idempotency_key`` stores nothing and returns the
+        first signal.
         """
-        from pikku_django.models import WorkflowRun, WorkflowStep
+        from pikku_django.models import WorkflowRun
 
         validate.name("name", name)
         validate.json_value("payload", payload)
+        if idempotency_key is not None:
+            validate.name("idempotency_key", idempotency_key)
         alias = self._write_db()
         runs = WorkflowRun.objects.using(alias)
         try:
@@ -59,19 +68,89 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
             raise InvalidArgumentError(
                 f"run_id: workflow run {run_id} is {status}; a signal can only be sent to an unfinished run."
             )
-        signal = self.model(run_id=run_id, name=name, payload=payload, sent_at=DbNowMs())
-        signal.save(force_insert=True, using=alias)
-        signal.refresh_from_db(using=signal._state.db, fields=["sent_at"])
-        # The signal is committed before this wake, and a pass that suspends
-        # looks for signals after it writes its suspension (waits.suspend_run),
-        # so one of the two always sees the other: no wake is lost.
+        signal = self.model(
+            run_id=run_id, name=name, payload=payload, sent_at=DbNowMs(), idempotency_key=idempotency_key
+        )
+        try:
+            # The wake comes first: it takes the write lock on SQLite (no read
+            # to upgrade from) and the run's row lock elsewhere, so two sends
+            # racing with one key queue on the run instead of deadlocking
+            # (on InnoDB each insert's foreign key check share-locks the run).
+            with transaction.atomic(using=alias):
+                if self._wake(alias, run_id, name):
+                    # Idle workers look again once this commits.
+                    work_due(alias)
+                signal.save(force_insert=True, using=alias)
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            return self._sent_before(alias, run_id, name, idempotency_key)
+        # A pass that suspends looks for signals after it writes its
+        # suspension (waits.suspend_run), and this wake commits with the
+        # signal, so one of the two always sees the other: no wake is lost.
+        signal.refresh_from_db(using=alias, fields=["sent_at"])
+        return signal
+
+    def _wake(self, alias: str, run_id: Any, name: str) -> int:
+        """Wake the run if one of its steps waits for ``name`` (one guarded UPDATE)."""
+        from pikku_django.models import WorkflowRun, WorkflowStep
+
         waiting = WorkflowStep.objects.using(alias).filter(
             run=OuterRef("pk"), status="suspended", rpc_name=SIGNAL_RPC, data__signal=name
         )
-        runs.filter(pk=run_id, status__in=WAITING_RUN_STATUSES).filter(Exists(waiting)).update(
-            status="running", wake_at=WOKEN, updated_at=DbNow()
+        runs = WorkflowRun.objects.using(alias)
+        return (
+            runs.filter(pk=run_id, status__in=WAITING_RUN_STATUSES)
+            .filter(Exists(waiting))
+            .update(status="running", wake_at=WOKEN, updated_at=DbNow())
         )
+
+    def _sent_before(self, alias: str, run_id: Any, name: str, idempotency_key: str) -> WorkflowSignal:
+        """The signal an earlier send stored under the run's ``idempotency_key``."""
+        signal = self.using(alias).get(run_id=run_id, idempotency_key=idempotency_key)
+        if signal.name != name:
+            raise InvalidArgumentError(
+                f"idempotency_key {idempotency_key!r} already sent the signal {signal.name!r} "
+                f"to run {run_id}, not {name!r}; use another key."
+            )
         return signal
+
+    def wake_signalled(self, limit: int, *, dry_run: bool = False) -> int:
+        """
+        Wake suspended runs that wait for a signal already stored and not
+        consumed (a wake that never came): up to ``limit`` of them read, then
+        one guarded UPDATE, still conditioned on each run being suspended with
+        that signal waiting, so sweeps on many nodes wake a run once.
+        Returns how many runs were woken (with ``dry_run``, would be).
+        """
+        from pikku_django.models import WorkflowRun
+
+        alias = self._write_db()
+        ids = list(self._signalled(alias).values_list("run_id", flat=True)[:limit])
+        if not ids:
+            return 0
+        # The guard's subquery reads no run row: MySQL refuses a subquery on
+        # the table an UPDATE writes; the outer filter checks the status.
+        waiting = self._signalled(alias, of_suspended_runs=False).filter(run_id=OuterRef("pk"))
+        runs = WorkflowRun.objects.using(alias).filter(pk__in=ids, status="suspended").filter(Exists(waiting))
+        if dry_run:
+            return runs.count()
+        woken = runs.update(status="running", wake_at=WOKEN, updated_at=DbNow())
+        if woken:
+            work_due(alias)
+        return woken
+
+    def _signalled(self, alias: str, *, of_suspended_runs: bool = True) -> models.QuerySet[WorkflowStep]:
+        """Suspended signal waits whose signal is stored and unconsumed (of suspended runs)."""
+        from pikku_django.models import WorkflowStep
+
+        stored = self.using(alias).filter(
+            run_id=OuterRef("run_id"), name=OuterRef("wanted"), consumed_by__isnull=True
+        )
+        waits = WorkflowStep.objects.using(alias).filter(status="suspended", rpc_name=SIGNAL_RPC)
+        if of_suspended_runs:
+            waits = waits.filter(run__status="suspended")
+        return waits.annotate(wanted=KeyTextTransform("signal", "data")).filter(Exists(stored))
 
     def consumed_by_step(self, step: WorkflowStep) -> WorkflowSignal | None:
         """The signal this wait step consumed, if it did."""

@@ -78,8 +78,8 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             step_name=validate.name("step_name", step_name),
             rpc_name=validate.name("rpc_name", rpc_name),
             data=validate.json_value("data", data),
-            retries=conf.STEP_RETRIES if retries is None else validate.whole("retries", retries),
-            retry_delay=None if retry_delay is None else validate.whole("retry_delay", retry_delay),
+            retries=conf.STEP_RETRIES if retries is None else validate.retries("retries", retries),
+            retry_delay=None if retry_delay is None else validate.retry_delay("retry_delay", retry_delay),
             status="pending",
             attempt=1,
             created_at=DbNow(),
@@ -101,6 +101,28 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             raise
         step.refresh_from_db(using=alias, fields=["created_at", "updated_at"])
         return step
+
+    def insert_pending(
+        self, run: WorkflowRun, step_name: str, rpc_name: str, *, retries: int, deferred: bool = False
+    ) -> None:
+        """
+        A new pending step of ``run`` in one INSERT, on the caller's
+        connection and in its transaction if it has one: no history row (its
+        first claim writes that) and nothing read back. A ``deferred`` step
+        (its run due later) is ``scheduled``, in flight as a sleep is, so the
+        sweep never takes its run for stalled or undispatched and wakes it
+        early; a claim takes it as it takes a pending step.
+        """
+        self.model(
+            run=run,
+            step_name=validate.name("step_name", step_name),
+            rpc_name=validate.name("rpc_name", rpc_name),
+            retries=validate.retries("retries", retries),
+            status="scheduled" if deferred else "pending",
+            attempt=1,
+            created_at=DbNow(),
+            updated_at=DbNow(),
+        ).save(force_insert=True, using=self._write_db())
 
     def claim(
         self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
@@ -252,7 +274,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         if lease_ms is not None:
             validate.positive_ms("lease_ms", lease_ms)
         if attempt is not None:
-            validate.whole("attempt", attempt, minimum=1)
+            validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         alias = self._write_db()
         ensure_autocommit(connections[alias])
         steps = self.using(alias).filter(pk=step_id, status="running")
@@ -299,7 +321,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
 
     def _record(self, step_id: Any, attempt: int | None, status: str, *, result: Any, error: Any) -> None:
         if attempt is not None:
-            validate.whole("attempt", attempt, minimum=1)
+            validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         alias = self._write_db()
         stamp = {"succeeded_at" if status == "succeeded" else "failed_at": DbNow()}
         with transaction.atomic(using=alias):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.apps import apps
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ValidationError
-from django.db import router, transaction
+from django.db import router
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
-from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError
+from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskArgumentsError
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
     BaseTaskBackend,
@@ -33,6 +35,23 @@ from pikku_django.tasks.results import (
 #: The OPTIONS this backend reads, with their defaults.
 OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None}
 
+#: The check ids of ``PikkuTaskBackend.check()``.
+NOT_INSTALLED_CHECK_ID = "pikku_django.E020"
+OPTIONS_CHECK_ID = "pikku_django.E021"
+
+
+def _read_options(options: Any) -> tuple[int, int | None]:
+    """(retries, lease_ms) from a backend's OPTIONS, or InvalidArgumentError naming what is wrong."""
+    if not isinstance(options, dict):
+        raise InvalidArgumentError(f"must be a dict, not {type(options).__name__}.")
+    unknown = sorted(set(options) - set(OPTION_DEFAULTS), key=str)
+    if unknown:
+        raise InvalidArgumentError(f"unknown options {unknown}.")
+    options = {**OPTION_DEFAULTS, **options}
+    retries = validate.retries("retries", options["retries"])
+    lease_ms = None if options["lease_ms"] is None else validate.positive_ms("lease_ms", options["lease_ms"])
+    return retries, lease_ms
+
 
 class PikkuTaskBackend(BaseTaskBackend):
     """
@@ -52,28 +71,48 @@ class PikkuTaskBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        unknown = sorted(set(self.options) - set(OPTION_DEFAULTS))
-        if unknown:
-            raise PikkuConfigurationError(
-                f"TASKS[{alias!r}]['OPTIONS'] has unknown options {unknown}; "
-                f"PikkuTaskBackend reads {sorted(OPTION_DEFAULTS)}."
-            )
-        options = {**OPTION_DEFAULTS, **self.options}
+        # Bad OPTIONS never raise here (Django builds every backend to check
+        # it): check() reports them, and enqueue() refuses to store a task.
+        self.retries, self.lease_ms = OPTION_DEFAULTS["retries"], OPTION_DEFAULTS["lease_ms"]
+        self.options_error: str | None = None
         try:
-            self.retries = validate.whole("retries", options["retries"])
-            self.lease_ms = (
-                None if options["lease_ms"] is None else validate.positive_ms("lease_ms", options["lease_ms"])
-            )
+            self.retries, self.lease_ms = _read_options(self.options)
         except InvalidArgumentError as e:
-            raise PikkuConfigurationError(f"TASKS[{alias!r}]['OPTIONS']: {e}") from None
+            self.options_error = f"TASKS[{alias!r}]['OPTIONS']: {e}"
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """``pikku_django`` must be installed (its tables store the tasks), and OPTIONS valid."""
+        messages: list[CheckMessage] = list(super().check(**kwargs))
+        if not apps.is_installed("pikku_django"):
+            messages.append(
+                Error(
+                    f"TASKS[{self.alias!r}] uses PikkuTaskBackend, "
+                    "but 'pikku_django' is not in INSTALLED_APPS.",
+                    hint="Add 'pikku_django' to INSTALLED_APPS and run migrate: its tables store the tasks.",
+                    id=NOT_INSTALLED_CHECK_ID,
+                )
+            )
+        if self.options_error is not None:
+            messages.append(
+                Error(
+                    self.options_error,
+                    hint=f"PikkuTaskBackend reads OPTIONS {sorted(OPTION_DEFAULTS)}: retries, "
+                    "an int >= 0, and lease_ms, None or an int of milliseconds > 0.",
+                    id=OPTIONS_CHECK_ID,
+                )
+            )
+        return messages
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """
         Store the task as a run due at ``run_after`` (or now), with its one
-        step. The rows are written on the caller's connection, in one
-        transaction: inside ``transaction.atomic()`` they commit or roll back
-        with the caller's own writes.
+        step: two INSERTs on the caller's connection, nothing read back.
+        Inside ``transaction.atomic()`` they commit or roll back with the
+        caller's own writes; outside, a crash between them leaves a run whose
+        worker inserts the step itself.
         """
+        if self.options_error is not None:
+            raise PikkuConfigurationError(self.options_error)
         if not isinstance(task, Task):
             raise InvalidArgumentError(f"task must be a Task (a @task function), not {type(task).__name__}.")
         self.validate_task(task)
@@ -82,30 +121,33 @@ class PikkuTaskBackend(BaseTaskBackend):
         try:
             stored_args, stored_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"args and kwargs must be JSON-serialisable: {e}") from None
+            raise TaskArgumentsError(f"args and kwargs must be JSON-serialisable: {e}") from None
+        validate.json_value(
+            "args", {"args": stored_args, "kwargs": stored_kwargs}, not_json=TaskArgumentsError
+        )
         run_after_ms = None if task.run_after is None else epoch_ms(task.run_after)
         alias = router.db_for_write(WorkflowRun)
-        with transaction.atomic(using=alias):
-            run = WorkflowRun.objects.db_manager(alias).create_run(
-                TASK_WORKFLOW,
-                {
-                    "task": task.module_path,
-                    "backend": self.alias,
-                    "args": stored_args,
-                    "kwargs": stored_kwargs,
-                    "retries": self.retries,
-                    "lease_ms": self.lease_ms,
-                    "run_after_ms": run_after_ms,
-                },
-                queue=task.queue_name,
-                priority=task.priority,
-                wake_at=run_after_ms,
-            )
-            # Stored now, so that a worker only claims it.
-            step = WorkflowStep.objects.db_manager(alias).insert_step(
-                run, TASK_STEP, task.module_path, retries=self.retries
-            )
-        result = build_result(task, self.alias, run, step, [], now_ms=0)
+        run = WorkflowRun.objects.db_manager(alias).create_run(
+            TASK_WORKFLOW,
+            {
+                "task": task.module_path,
+                "backend": self.alias,
+                "args": stored_args,
+                "kwargs": stored_kwargs,
+                "retries": self.retries,
+                "lease_ms": self.lease_ms,
+                "run_after_ms": run_after_ms,
+            },
+            queue=task.queue_name,
+            priority=task.priority,
+            wake_at=run_after_ms,
+            internal=True,
+        )
+        # Stored now, so that a worker only claims it.
+        WorkflowStep.objects.db_manager(alias).insert_pending(
+            run, TASK_STEP, task.module_path, retries=self.retries, deferred=run_after_ms is not None
+        )
+        result = build_result(task, self.alias, run, None, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)
         return result
 

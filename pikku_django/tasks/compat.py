@@ -26,6 +26,14 @@ else:
     from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
+
+def framework_checks_backends() -> bool:
+    """Does the Tasks framework's own system check run each backend's ``check()``?"""
+    from django.apps import apps
+
+    return django.VERSION >= (6, 0) or apps.is_installed("django_tasks")
+
+
 __all__ = [
     "BaseTaskBackend",
     "InvalidTask",
@@ -35,6 +43,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "framework_checks_backends",
     "normalize_json",
     "task",
     "task_backends",

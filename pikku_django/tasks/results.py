@@ -7,12 +7,14 @@ step and the step's attempts.
 from __future__ import annotations
 
 import datetime
+import importlib
+import sys
 from typing import Any
 
-from django.utils.module_loading import import_string
+from django.apps import apps
 
 from pikku_django import validate
-from pikku_django.errors import TaskPathError, WorkerLostError
+from pikku_django.errors import StepLeaseExpiredError, TaskPathError, WorkerLostError
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 
@@ -23,23 +25,40 @@ TASK_STEP = "task"
 
 def resolve_task(path: object) -> Task[..., Any]:
     """
-    The ``Task`` that ``path`` names. A path that names anything else (a plain
+    The ``Task`` that ``path`` names, found among the Tasks this process
+    knows: an attribute of a module already imported, or of a module of an
+    installed app (imported then, as the admin imports admin.py). Nothing
+    else is imported, so a stored path never runs the module-level code of
+    an arbitrary module; a path that names anything but a Task (a plain
     function, a class, a module) is refused with ``TaskPathError`` and never
-    called; importing its module is how it is found.
+    called.
     """
     path = validate.name("task", path)
-    module, _, attribute = path.rpartition(".")
-    if not module or not attribute.isidentifier():
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute.isidentifier():
         raise TaskPathError(path, "not a dotted path")
-    try:
-        found = import_string(path)
-    except ImportError as e:
-        raise TaskPathError(path, f"not importable: {e}") from None
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not _of_an_installed_app(module_name):
+            raise TaskPathError(path, f"{module_name!r} is neither imported nor a module of an installed app")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise TaskPathError(path, f"not importable: {e}") from None
+    found = getattr(module, attribute, None)
     if not isinstance(found, Task):
         raise TaskPathError(path, f"it is a {type(found).__name__}")
     if found.module_path != path:
         raise TaskPathError(path, f"it is the Task {found.module_path!r}, stored under another name")
     return found
+
+
+def _of_an_installed_app(module_name: str) -> bool:
+    """Is ``module_name`` an installed app's package or inside it?"""
+    return any(
+        module_name == config.name or module_name.startswith(f"{config.name}.")
+        for config in apps.get_app_configs()
+    )
 
 
 def epoch_ms(when: datetime.datetime) -> int:
@@ -60,12 +79,13 @@ def _task_error(error: dict[str, Any] | None) -> TaskError:
     )
 
 
-def _lost_error(attempt: WorkflowStepAttempt) -> TaskError:
-    lost = WorkerLostError(
-        f"Attempt {attempt.attempt} ran on worker {attempt.holder or '(unnamed)'}, which stopped "
-        "renewing its step lease (it died or lost the database); the task was taken again as a "
-        "new attempt."
-    )
+#: The stored type of a step failed because its worker was lost on its last attempt.
+_LEASE_EXPIRED = f"{StepLeaseExpiredError.__module__}.{StepLeaseExpiredError.__qualname__}"
+_LOST_TYPES = {_LEASE_EXPIRED, f"{WorkerLostError.__module__}.{WorkerLostError.__qualname__}"}
+
+
+def _lost_error(run: WorkflowRun, attempt: WorkflowStepAttempt, *, last: bool) -> TaskError:
+    lost = WorkerLostError(run.pk, TASK_STEP, attempt.attempt, attempt.holder, last=last)
     cls = type(lost)
     return TaskError(exception_class_path=f"{cls.__module__}.{cls.__qualname__}", traceback=str(lost))
 
@@ -92,10 +112,13 @@ def build_result(
         status = TaskResultStatus.READY
     errors: list[TaskError] = []
     for attempt in started:
-        if attempt.status == "failed":
+        if attempt.status == "failed" and (attempt.error or {}).get("type") in _LOST_TYPES:
+            # The last attempt, failed because its worker was lost: it names the worker too.
+            errors.append(_lost_error(run, attempt, last=True))
+        elif attempt.status == "failed":
             errors.append(_task_error(attempt.error))
         elif step is not None and attempt.attempt < step.attempt and attempt.status == "running":
-            errors.append(_lost_error(attempt))
+            errors.append(_lost_error(run, attempt, last=False))
     if status == TaskResultStatus.FAILED and not errors and run.error:
         # The run failed around its step (its task path refused, say).
         errors.append(_task_error(run.error))
@@ -120,12 +143,13 @@ def build_result(
 
 
 def read_result(task: Task[..., Any], backend: str, run: WorkflowRun, now_ms: int) -> TaskResult[..., Any]:
-    """Read the step and attempts of ``run`` and build its result (two queries)."""
-    using = run._state.db
-    step = WorkflowStep.objects.using(using).filter(run=run, step_name=TASK_STEP).first()
-    attempts = (
-        list(WorkflowStepAttempt.objects.using(using).filter(step=step).order_by("attempt"))
-        if step is not None
-        else []
+    """Read the step and attempts of ``run`` (one query) and build its result."""
+    attempts = list(
+        WorkflowStepAttempt.objects.using(run._state.db)
+        .filter(step__run=run, step__step_name=TASK_STEP)
+        .select_related("step")
+        .order_by("attempt")
     )
+    # A step not yet claimed has no attempt row: it is READY, whatever else it says.
+    step = attempts[0].step if attempts else None
     return build_result(task, backend, run, step, attempts, now_ms)

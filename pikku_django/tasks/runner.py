@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
 from pikku_django.managers import serialize_error
 from pikku_django.models import WorkflowRun
 from pikku_django.tasks.compat import (
@@ -25,6 +26,7 @@ from pikku_django.tasks.compat import (
 from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, resolve_task
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
+from pikku_django.workflows.waits import Stop, Suspend
 
 
 def _read(ctx: RunContext) -> Any:
@@ -36,7 +38,27 @@ def _read(ctx: RunContext) -> Any:
     )
 
 
-@workflow(TASK_WORKFLOW)
+def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """
+    Call the task's function once: whatever it raises is this attempt's
+    error, ``SystemExit`` and ``KeyboardInterrupt`` (``sys.exit()``) too,
+    carried out as a ``RaisedBaseExceptionError`` that is stored as the
+    original. Only the worker's own abort and the runtime's own unwinding
+    pass through.
+    """
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        return normalize_json(value)
+    except BaseException as error:
+        if isinstance(error, (Exception, WorkerAbortedError, Stop, Suspend)):
+            raise
+        raise RaisedBaseExceptionError(error) from error
+
+
+@workflow(TASK_WORKFLOW, internal=True)
 def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     """Run the stored task once per attempt; its return value is the run's output."""
     task = resolve_task(input["task"])
@@ -54,11 +76,7 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender=sender, task_result=result)
         try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-            value = normalize_json(value)
+            value = _call(task, result, args, kwargs)
         except Exception as error:
             if result.attempts >= input["retries"] + 1:
                 # Its last attempt: FAILED, sent from inside the except so that

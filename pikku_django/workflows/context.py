@@ -266,7 +266,10 @@ class RunContext(WaitsMixin):
             # The result is refused before any SQL runs when it is not JSON.
             stored = self._fenced(step, result=result)
         except InvalidArgumentError as error:
-            bad = TypeError(f"Step {step.step_name!r} returned a result that is not JSON: {error}")
+            bad = TypeError(
+                f"Step {step.step_name!r} returned a result that cannot be stored "
+                f"(not JSON, too large or holding a NUL): {error}"
+            )
             self._fenced(step, error=bad)
             return
         step.status, step.result, step.error, step.lease_expires_at = "succeeded", stored, None, None

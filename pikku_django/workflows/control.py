@@ -11,13 +11,23 @@ from pikku_django.managers.base import write_alias
 from pikku_django.models import WorkflowRun, WorkflowSignal
 
 
-def send_signal(run_id: Any, name: str, payload: Any = None, *, using: str | None = None) -> WorkflowSignal:
+def send_signal(
+    run_id: Any,
+    name: str,
+    payload: Any = None,
+    *,
+    idempotency_key: str | None = None,
+    using: str | None = None,
+) -> WorkflowSignal:
     """
     Send the signal ``name`` (a JSON ``payload``) to the run: kept until a
     ``ctx.wait_for_signal(name)`` consumes it, and the run woken if it waits
-    for it. An unknown or finished run is a ``ValueError`` naming ``run_id``.
+    for it, in one commit. An unknown or finished run is a ``ValueError``
+    naming ``run_id``. A second send with the same ``idempotency_key`` to the
+    run stores nothing and returns the first signal.
     """
-    return WorkflowSignal.objects.db_manager(write_alias(WorkflowSignal, using)).send(run_id, name, payload)
+    signals = WorkflowSignal.objects.db_manager(write_alias(WorkflowSignal, using))
+    return signals.send(run_id, name, payload, idempotency_key=idempotency_key)
 
 
 def cancel_workflow(run_id: Any, *, using: str | None = None) -> bool:

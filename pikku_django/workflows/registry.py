@@ -13,14 +13,21 @@ F = TypeVar("F", bound=WorkflowFunction)
 
 _registry: dict[str, WorkflowFunction] = {}
 
+#: Workflows only pikku_django itself starts runs of (the Tasks backend's).
+_internal: set[str] = set()
+
 
 def dotted_name(fn: Callable[..., Any]) -> str:
     """``module.qualname``: how a step's function is named in the store."""
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def workflow(name: str) -> Callable[[F], F]:
-    """Register ``fn(ctx, input)`` as the workflow ``name``."""
+def workflow(name: str, *, internal: bool = False) -> Callable[[F], F]:
+    """
+    Register ``fn(ctx, input)`` as the workflow ``name``. An ``internal``
+    workflow's runs are started only by pikku_django's own code
+    (``create_run(..., internal=True)``), never by ``start_workflow``.
+    """
     validate.name("name", name)
 
     def register(fn: F) -> F:
@@ -34,6 +41,8 @@ def workflow(name: str) -> Callable[[F], F]:
                 f"{dotted_name(fn)}. Give one of them another name."
             )
         _registry[name] = fn
+        if internal:
+            _internal.add(name)
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn
 
@@ -51,3 +60,8 @@ def get_workflow(name: str) -> WorkflowFunction:
 def registered() -> dict[str, WorkflowFunction]:
     """A copy of the registry (name to function)."""
     return dict(_registry)
+
+
+def is_internal(name: str) -> bool:
+    """Is ``name`` a workflow whose runs only pikku_django itself starts?"""
+    return name in _internal

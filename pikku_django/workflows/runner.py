@@ -20,7 +20,7 @@ from pikku_django.errors import (
     RunStoreError,
     StepFailedError,
     StoreFailure,
-    WorkerAbort,
+    WorkerAbortedError,
 )
 from pikku_django.leases import hold_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
@@ -189,7 +189,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
         return
     except OUTAGE_ERRORS:
         raise
-    except WorkerAbort:
+    except WorkerAbortedError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         # Whatever the workflow raises is its failure, SystemExit included:
@@ -200,7 +200,10 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
     try:
         validate.json_value("output", output)
     except InvalidArgumentError as error:
-        bad = TypeError(f"Workflow {run.workflow!r} returned an output that is not JSON: {error}")
+        bad = TypeError(
+            f"Workflow {run.workflow!r} returned an output that cannot be stored "
+            f"(not JSON, too large or holding a NUL): {error}"
+        )
         _finish(run, "failed", fence, error=serialize_error(bad))
         return
     _finish(run, "completed", fence, output=output, error=None)

@@ -23,7 +23,7 @@ from pikku_django.errors import (
     StepFailedError,
     StepFunctionMismatchError,
     StoreFailure,
-    WorkerAbort,
+    WorkerAbortedError,
     WorkflowCancelledError,
     WorkflowNotFoundError,
 )
@@ -79,7 +79,7 @@ class Stop(BaseException):
 
 
 #: What unwinds a workflow function on the runtime's behalf; never a step's error.
-PASS_CONTROL: tuple[type[BaseException], ...] = (Suspend, Stop, StoreFailure, WorkerAbort)
+PASS_CONTROL: tuple[type[BaseException], ...] = (Suspend, Stop, StoreFailure, WorkerAbortedError)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from typing import Any
@@ -86,3 +87,22 @@ def _hidden(x: int) -> int:
 # A Task that is not stored under its function's name: its path names the
 # plain function, so it is refused at enqueue.
 hidden_task = task()(_hidden)
+
+
+@task()
+def exits(code: int) -> None:
+    """Calls ``sys.exit(code)``: its attempt's error, never the worker's end."""
+    sys.exit(code)
+
+
+@task(backend="retrying", takes_context=True)
+def exits_every_attempt(context: TaskContext[..., Any]) -> None:
+    """Records each attempt, then calls ``sys.exit()``."""
+    _record(context, f"attempt {context.attempt}")
+    sys.exit()
+
+
+@task()
+def interrupts() -> None:
+    """Raises ``KeyboardInterrupt`` itself (not the worker's signal)."""
+    raise KeyboardInterrupt("from the task")

@@ -197,3 +197,26 @@ def no_io_step(i: int) -> int:
 def noop(ctx: Any, input: dict[str, Any]) -> int:
     """``input["steps"]`` steps whose bodies do no I/O (the throughput benchmark's workflow)."""
     return sum(ctx.step(f"s{i}", no_io_step, i) for i in range(input.get("steps", 10)))
+
+
+def echo_or_raise(value: Any, raise_it: bool, repeat: int, nul: bool) -> Any:
+    """``value`` ``repeat`` times, a NUL after it with ``nul``: returned, or raised as a ValueError."""
+    value = value * repeat + ("\x00" if nul else "")
+    if raise_it:
+        raise ValueError(value)
+    return value
+
+
+@workflow("test.values")
+def values(ctx: Any, input: dict[str, Any]) -> Any:
+    """
+    One step that returns (or raises with) ``input["value"]`` made in the
+    step (see ``echo_or_raise``); the run's output is the step's result, or
+    ``input["output"]`` repeated ``input["output_repeat"]`` times (then a
+    NUL with ``input["output_nul"]``).
+    """
+    args = (input["value"], input.get("raise", False), input.get("repeat", 1), input.get("nul", False))
+    step = ctx.step("echo", echo_or_raise, *args, retries=0)
+    if "output" in input:
+        return input["output"] * input.get("output_repeat", 1) + ("\x00" if input.get("output_nul") else "")
+    return step

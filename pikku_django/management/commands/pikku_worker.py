@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError, WorkerAbort
+from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError, WorkerAbortedError
 from pikku_django.management.arguments import holder_name, interval, positive_int, queue_names
 from pikku_django.management.logs import configure_logging
 from pikku_django.worker import Worker, WorkerNameTakenError
@@ -115,7 +115,7 @@ class Command(BaseCommand):
             self.stdout.flush()
         try:
             passes = worker.run()
-        except WorkerAbort:
+        except WorkerAbortedError:
             raise CommandError("Aborted by a second signal.", returncode=1) from None
         except (WorkerNameTakenError, DatabaseNotMigratedError, DatabaseUnavailableError) as error:
             raise CommandError(str(error), returncode=1) from None
