@@ -64,10 +64,23 @@ def connected(pid: int) -> bool:
     return any(t.startswith("socket:") or t == name for t in targets)
 
 
+#: ``python -c WITH_BENCH_TASKS command args…``: ``manage.py command args…``
+#: with bench/noop_tasks.py imported first. The bench's tasks live outside any
+#: installed app, and a worker runs only the Tasks it knows (resolve_task).
+WITH_BENCH_TASKS = """
+import sys
+import django
+django.setup()
+import bench.noop_tasks
+from django.core.management import execute_from_command_line
+execute_from_command_line(["manage.py", *sys.argv[1:]])
+"""
+
+
 def start_worker(args: list[str]) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, "-c", WITH_BENCH_TASKS, *args],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
