@@ -21,7 +21,7 @@ from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
-from pikku_django.managers.base import write_alias
+from pikku_django.managers.base import take_write_lock, write_alias
 from pikku_django.managers.lifecycle import time_out_runs
 from pikku_django.models import (
     Lease,
@@ -215,6 +215,7 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
             floor.prunable_token = floor.token
         return leases.filter(candidates, token__lte=floor.prunable_token).count()
     with transaction.atomic(using=alias):
+        take_write_lock(alias)
         floor, _ = LeaseTokenFloor.objects.using(alias).select_for_update().get_or_create(pk=1)
         if floor.raised_at <= now - PRUNE_GRACE_MS and floor.prunable_token < floor.token:
             floor.prunable_token = floor.token

@@ -71,6 +71,10 @@ if _test_db:
     _db.setdefault("TEST", {})["NAME"] = _test_db
 if _db["ENGINE"].endswith("sqlite3"):
     _db.setdefault("TEST", {}).setdefault("NAME", str(BASE_DIR / "test-db.sqlite3"))
+# PIKKU_SQLITE_DJANGO_DEFAULTS=1 leaves SQLite on Django's own defaults
+# (DEFERRED transactions, a 5 s timeout), as a project that never tuned them
+# has it: the tests that prove the app needs none of the settings below.
+if _db["ENGINE"].endswith("sqlite3") and not env.bool("PIKKU_SQLITE_DJANGO_DEFAULTS", default=False):
     # WAL lets readers run beside the one writer; IMMEDIATE takes the write
     # lock at BEGIN so two transactions never deadlock upgrading to it.
     _db.setdefault("OPTIONS", {}).update(

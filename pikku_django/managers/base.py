@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import router
+from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Model, Q
 
@@ -31,6 +31,26 @@ def ensure_autocommit(connection: BaseDatabaseWrapper) -> None:
 
 
 FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
+
+
+def take_write_lock(alias: str) -> None:
+    """
+    Inside a transaction that reads before it writes: on SQLite, take the
+    database's write lock now. Under Django's default DEFERRED transactions a
+    transaction that first reads holds a shared lock, and SQLite does not wait
+    to upgrade it ("database is locked" at once, whatever the timeout); a
+    first write instead waits its turn under the busy timeout. An UPDATE that
+    matches no row takes the lock and changes nothing. Elsewhere row locks do
+    this work, and nothing is sent.
+    """
+    connection = connections[alias]
+    if connection.vendor != "sqlite" or not connection.in_atomic_block:
+        return
+    from pikku_django.models import LeaseTokenFloor
+
+    table = connection.ops.quote_name(LeaseTokenFloor._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET token = token WHERE 0 = 1")  # noqa: S608  (no values)
 
 
 def write_alias(model: type[Model], using: str | None) -> str:

@@ -17,7 +17,13 @@ from django.db.models import Q
 
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
-from pikku_django.managers.base import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, WOKEN, serialize_error
+from pikku_django.managers.base import (
+    ACTIVE_RUN_STATUSES,
+    FINISHED_RUN_STATUSES,
+    WOKEN,
+    serialize_error,
+    take_write_lock,
+)
 from pikku_django.managers.fence import RunFence
 from pikku_django.wakeups import work_due
 
@@ -58,6 +64,7 @@ def finish_run(
         # outcome is one statement in autocommit, not a transaction around it.
         return bool(finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields))
     with transaction.atomic(using=alias):
+        take_write_lock(alias)
         _lock_parent(alias, run_id, parent_id)
         done = finished.update(status=status, wake_at=None, updated_at=DbNow(), **fields)
         if done and parent_id is not None:
@@ -144,6 +151,7 @@ def end_runs(
     runs = WorkflowRun.objects.using(alias)
     ended: list[Any] = []
     with transaction.atomic(using=alias):
+        take_write_lock(alias)
         for run_id in run_ids:
             _lock_parent(alias, run_id)
             rows = runs.filter(pk=run_id).exclude(status__in=FINISHED_RUN_STATUSES)

@@ -193,6 +193,8 @@ class WaitsMixin:
         # Consumed and settled together: a pass fenced out at the settle
         # leaves the signal for the pass that holds the run now.
         with transaction.atomic(using=self._using):
+            # Fenced, and the first write of the transaction (see take_write_lock).
+            self._touch_run()
             signal = signals.consume(step, name)
             if signal is not None:
                 self._settle(step, "succeeded", result=signal.payload)
