@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.worker import Worker
@@ -110,7 +110,15 @@ class WakeUpTests(ProcessTestCase):
 
     def test_an_idle_lane_is_woken_by_a_start_in_its_process(self) -> None:
         worker = Worker(holder="in-process", interval=60, concurrency=2)
-        thread = threading.Thread(target=worker.run, daemon=True)
+
+        def run() -> None:
+            try:
+                worker.run()
+            finally:
+                # This thread's own connection (the worker's name lease) is ours to close.
+                connections.close_all()
+
+        thread = threading.Thread(target=run, daemon=True)
         thread.start()
         try:
             # Both lanes found nothing and wait out their 60 s interval.
