@@ -37,8 +37,9 @@ FINISHED_RUN_STATUSES = ("completed", "failed", "cancelled")
 #: backlog of fresh work.
 WOKEN = 0
 
-#: A step on its last allowed attempt (its worker-loss budget is spent).
-SPENT = Q(attempt__gte=F("retries") + 1)
+#: A step on the last attempt its current budget allows (``budget_base`` is
+#: the attempts spent before a ``retry_workflow`` gave it a fresh budget).
+SPENT = Q(attempt__gte=F("budget_base") + F("retries") + 1)
 
 #: The sweep's back-off between two wakes of one idle run: 30 s, doubling to 10 min.
 SWEEP_BACKOFF_MS = (30_000, 60_000, 120_000, 240_000, 480_000)

@@ -6,15 +6,18 @@ from __future__ import annotations
 #: pending or scheduled (its attempt was counted when it was scheduled), or
 #: failed or running under a *lapsed* lease with attempts left (a new
 #: attempt). A live lease, a NULL lease (parked on a child run), a success, or
-#: a spent budget match nothing. ``rpc_name`` is part of the guard, so a claim
+#: a spent budget match nothing. The budget is ``retries + 1`` attempts after
+#: the ``budget_base`` attempts spent before it (a ``retry_workflow`` raises
+#: the base, so the attempt number keeps rising and every older attempt stays
+#: fenced). ``rpc_name`` is part of the guard, so a claim
 #: with another function changes nothing (the manager then says why).
 _STEP_CLAIM_GUARD = """
     s.{q}run_id{q} = %(run_id)s AND s.{q}step_name{q} = %(step_name)s AND s.{q}rpc_name{q} = %(rpc_name)s
     AND (
         s.{q}status{q} IN ('pending', 'scheduled')
-        OR (s.{q}status{q} = 'failed' AND s.{q}attempt{q} < s.{q}retries{q} + 1)
+        OR (s.{q}status{q} = 'failed' AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1)
         OR (s.{q}status{q} = 'running' AND s.{q}lease_expires_at{q} <= {now_ms}
-            AND s.{q}attempt{q} < s.{q}retries{q} + 1)
+            AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1)
     )
 """
 

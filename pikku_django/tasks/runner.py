@@ -12,7 +12,7 @@ from typing import Any
 
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.managers import serialize_error
-from pikku_django.models import WorkflowRun
+from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
     TaskContext,
     TaskError,
@@ -34,6 +34,12 @@ def _read(ctx: RunContext) -> Any:
         .annotate(db_now_ms=DbNowMs(), db_now=DbNow())
         .get(pk=ctx.run_id)
     )
+
+
+def _last_attempt(ctx: RunContext) -> bool:
+    """Is the task's step on the last attempt of its budget (a retry_workflow gives a fresh one)?"""
+    step = WorkflowStep.objects.using(ctx.run._state.db).get(run_id=ctx.run_id, step_name=TASK_STEP)
+    return step.is_exhausted
 
 
 @workflow(TASK_WORKFLOW)
@@ -60,7 +66,7 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
                 value = task.call(*args, **kwargs)
             value = normalize_json(value)
         except Exception as error:
-            if result.attempts >= input["retries"] + 1:
+            if _last_attempt(ctx):
                 # Its last attempt: FAILED, sent from inside the except so that
                 # receivers (Django's own logs it with logger.exception) see it.
                 stored = serialize_error(error)
