@@ -1,20 +1,22 @@
 """
 One sweep pass: fail steps that lost their worker on their last attempt, time
-out runs past their deadline, wake runs that need a worker, and prune dead
-lease rows. Every write is a guarded
+out runs past their deadline, wake runs that need a worker, prune dead lease
+rows, and prune finished runs past their retention. Every write is a guarded
 statement, so sweeps on many nodes at once do no double work and no harm.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import operator
 import time
 import uuid
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import Exists, Q
+from django.db.models import Exists, OuterRef, Q
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
@@ -46,6 +48,7 @@ class SweepReport:
     woken_runs: int = 0
     backed_off_runs: int = 0
     pruned_leases: int = 0
+    pruned_runs: int = 0
     duration_ms: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,7 +61,7 @@ class SweepReport:
             f"timed out {self.timed_out_runs} runs past their deadline; woke {self.woken_runs} runs "
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
-            f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
+            f"pruned {self.pruned_leases} leases and {self.pruned_runs} finished runs; {self.duration_ms} ms."
         )
 
 
@@ -66,6 +69,7 @@ def sweep(
     *,
     stalled_after_ms: int | None = None,
     limit: int = 100,
+    prune_limit: int = 1000,
     dry_run: bool = False,
     using: str | None = None,
 ) -> SweepReport:
@@ -76,6 +80,7 @@ def sweep(
         else validate.whole("stalled_after_ms", stalled_after_ms)
     )
     validate.whole("limit", limit, minimum=1)
+    validate.whole("prune_limit", prune_limit, minimum=1)
     alias = using or DEFAULT_DB_ALIAS
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
@@ -117,6 +122,7 @@ def sweep(
         report.backed_off_runs = len(due) - report.woken_runs
 
     report.pruned_leases = _prune_leases(limit, dry_run, alias)
+    report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
 
@@ -214,4 +220,44 @@ def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
     return [key for run_id, key in ids.items() if run_id not in alive]
 
 
-__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep"]
+def prune_runs(limit: int = 1000, *, dry_run: bool = False, using: str | None = None) -> int:
+    """
+    Delete up to ``limit`` finished runs, oldest first, whose ``updated_at``
+    (which a run's end sets) is older than PIKKU_RETENTION_MS for their
+    status on the database clock, with their steps, attempts and signals;
+    never a run whose parent or a child is unfinished. Returns how many runs
+    it deleted (with ``dry_run``, would delete). Each status is one walk of
+    the (status, updated_at) index, bounded by ``limit``, so a pass costs the
+    same however much history is kept.
+    """
+    validate.whole("limit", limit, minimum=1)
+    alias = using or DEFAULT_DB_ALIAS
+    runs = WorkflowRun.objects.db_manager(alias)
+    unfinished = runs.exclude(status__in=FINISHED_RUN_STATUSES)
+    kept = runs.exclude(Exists(unfinished.filter(parent=OuterRef("pk")))).exclude(
+        Exists(unfinished.filter(pk=OuterRef("parent_id")))
+    )
+    expired = {
+        status: Q(status=status, updated_at__lte=DbNow(minus_ms=keep_ms))
+        for status, keep_ms in conf.RETENTION_MS.items()
+        if keep_ms is not None
+    }
+    oldest: list[tuple[Any, Any]] = []
+    for guard in expired.values():
+        walk = kept.filter(guard).order_by("updated_at").values_list("updated_at", "pk")
+        oldest.extend(walk[:limit])
+    picked = [pk for _, pk in sorted(oldest, key=lambda row: row[0])[:limit]]
+    if dry_run or not picked:
+        return len(picked)
+    with transaction.atomic(using=alias):
+        # Locked and judged again: a run retried (or a parent revived) since
+        # it was read no longer matches, and its retry waits for this one.
+        again = functools.reduce(operator.or_, expired.values())
+        locked = list(kept.filter(again, pk__in=picked).select_for_update().values_list("pk", flat=True))
+        if not locked:
+            return 0
+        _, deleted = runs.filter(pk__in=locked).delete()
+    return deleted.get(WorkflowRun._meta.label, 0)
+
+
+__all__ = ["PRUNE_GRACE_MS", "SweepReport", "prune_runs", "sweep"]

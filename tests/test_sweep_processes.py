@@ -287,6 +287,7 @@ class CommandLineTests(ProcessTestCase):
             "woken_runs",
             "backed_off_runs",
             "pruned_leases",
+            "pruned_runs",
             "duration_ms",
         }
         # A real pass changes them.

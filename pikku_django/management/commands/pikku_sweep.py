@@ -22,7 +22,8 @@ from pikku_django.worker import refresh_connections
 class Command(BaseCommand):
     help = (
         "Sweep the workflow store: fail steps whose worker vanished on their last attempt, "
-        "wake runs that need a worker, prune dead lease rows. Safe to run on many nodes at once."
+        "wake runs that need a worker, prune dead lease rows and finished runs past "
+        "PIKKU_RETENTION_MS. Safe to run on many nodes at once."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,13 @@ class Command(BaseCommand):
             type=positive_int,
             default=100,
             help="At most this many rows of each kind per pass (default: %(default)r).",
+        )
+        parser.add_argument(
+            "--prune-limit",
+            type=positive_int,
+            default=1000,
+            help="Delete at most this many finished runs past their retention per pass "
+            "(default: %(default)r).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Report what would be done; change nothing."
@@ -62,6 +70,7 @@ class Command(BaseCommand):
         verbosity: int,
         stalled_after: float | None,
         limit: int,
+        prune_limit: int,
         dry_run: bool,
         json: bool,
         loop: bool,
@@ -79,7 +88,11 @@ class Command(BaseCommand):
             refresh_connections()
             try:
                 report = sweep(
-                    stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
+                    stalled_after_ms=stalled_after_ms,
+                    limit=limit,
+                    prune_limit=prune_limit,
+                    dry_run=dry_run,
+                    using=database,
                 )
             except OUTAGE_ERRORS as error:
                 if not loop:
