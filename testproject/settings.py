@@ -111,6 +111,11 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
             "QUEUES": ["default"],
             "OPTIONS": {"retries": 2},
         },
+        "no_losses": {
+            "BACKEND": "pikku_django.tasks.PikkuTaskBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"retries": 1, "worker_losses": 0},
+        },
     }
 
 # Per-queue concurrency, as JSON from the environment for worker processes.

@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.test import TransactionTestCase
 
-from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskPathError
+from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, PikkuError, TaskPathError
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks import PikkuTaskBackend
 from pikku_django.tasks.compat import (
@@ -176,20 +176,90 @@ class EnqueueTests(TransactionTestCase):
         assert "w-dead" in lost.traceback
 
     def test_a_task_whose_worker_is_lost_on_every_attempt_is_failed_not_stuck_running(self) -> None:
-        result = tasks.block.enqueue()  # the default backend: retries 0, one attempt
+        result = tasks.block.enqueue()  # the default backend: retries 0, worker_losses 2
         step = WorkflowStep.objects.get(run_id=result.id)
-        assert WorkflowStep.objects.claim(step.run_id, "task", step.rpc_name, 60_000, holder="w-dead")
-        lapse_step(step)
+        assert (step.retries, step.worker_losses, step.losses) == (0, 2, 0)
+        # Two lost workers are each followed by a new attempt, even with retries 0 ...
+        for n in (1, 2, 3):
+            assert (
+                WorkflowStep.objects.claim_attempt(
+                    step.run_id, "task", step.rpc_name, 60_000, holder=f"w-{n}"
+                )
+                == n
+            )
+            lapse_step(step)
+        # ... and one more fails it.
         with Signals() as signals:
             drain("w-next")
         result.refresh()
         assert result.status == TaskResultStatus.FAILED
-        assert result.worker_ids == ["w-dead"]
-        ((error,),) = [result.errors]
-        assert error.exception_class_path == "pikku_django.errors.StepLeaseExpiredError"
-        assert error.exception_class.__mro__[1].__name__ == "PikkuError"
+        assert result.worker_ids == ["w-1", "w-2", "w-3"]
+        assert [e.exception_class_path for e in result.errors] == [
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.StepLeaseExpiredError",
+        ]
+        assert issubclass(result.errors[-1].exception_class, PikkuError)
+        step.refresh_from_db()
+        assert (step.status, step.attempt, step.losses, step.is_exhausted) == ("failed", 3, 3, True)
+        assert WorkflowStep.objects.claim_attempt(step.run_id, "task", step.rpc_name, 60_000) is None
         # The task was never called again.
         assert signals.seen == []
+
+    def test_worker_losses_zero_fails_on_the_first_loss(self) -> None:
+        result = tasks.block_without_losses.enqueue()
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.retries, step.worker_losses) == (1, 0)
+        assert (
+            WorkflowStep.objects.claim_attempt(step.run_id, "task", step.rpc_name, 60_000, holder="w-1") == 1
+        )
+        lapse_step(step)
+        drain("w-next")
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert [e.exception_class_path for e in result.errors] == [
+            "pikku_django.errors.StepLeaseExpiredError"
+        ]
+
+    def test_retries_count_only_attempts_that_raised(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=99)  # retries 2, worker_losses 2
+        step = WorkflowStep.objects.get(run_id=result.id)
+        for n in (1, 2):
+            assert (
+                WorkflowStep.objects.claim_attempt(
+                    step.run_id, "task", step.rpc_name, 60_000, holder=f"w-{n}"
+                )
+                == n
+            )
+            lapse_step(step)
+        with Signals() as signals:
+            drain("w-3")
+        result.refresh()
+        # Two lost workers, then three attempts that raised: retries + 1 of them.
+        assert result.status == TaskResultStatus.FAILED
+        assert (result.attempts, result.worker_ids) == (5, ["w-1", "w-2", "w-3", "w-3", "w-3"])
+        assert [e.exception_class_path for e in result.errors] == [
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.WorkerLostError",
+            *["builtins.RuntimeError"] * 3,
+        ]
+        assert [s for s in signals.seen if s[0] == "finished"] == [("finished", "FAILED", 5)]
+
+    def test_a_loss_after_raises_still_has_its_own_budget(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=99)
+        step = WorkflowStep.objects.get(run_id=result.id)
+        steps = WorkflowStep.objects
+        for n in (1, 2):  # two attempts that raise
+            assert steps.claim_attempt(step.run_id, "task", step.rpc_name, 60_000) == n
+            steps.finish_attempt(step.pk, n, error=RuntimeError(f"attempt {n} fails"))
+        assert steps.claim_attempt(step.run_id, "task", step.rpc_name, 60_000, holder="w-lost") == 3
+        lapse_step(step)
+        drain("w-4")
+        result.refresh()
+        # Attempt 4 raises (the third that raised, retries 2 spent): FAILED.
+        assert result.status == TaskResultStatus.FAILED, result.errors
+        assert result.attempts == 4
+        assert result.errors[2].exception_class_path == "pikku_django.errors.WorkerLostError"
 
     def test_unknown_ids_raise_task_result_does_not_exist(self) -> None:
         backend = task_backends["default"]
@@ -253,6 +323,8 @@ class EnqueueTests(TransactionTestCase):
             PikkuTaskBackend("x", {"OPTIONS": {"retries": -1}})
         with pytest.raises(PikkuConfigurationError, match="unknown"):
             PikkuTaskBackend("x", {"OPTIONS": {"retry": 1}})
+        with pytest.raises(PikkuConfigurationError, match="worker_losses"):
+            PikkuTaskBackend("x", {"OPTIONS": {"worker_losses": -1}})
 
     def test_priority_queue_and_run_after_are_stored(self) -> None:
         now = Lease.objects.db_now_ms()

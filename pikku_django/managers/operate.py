@@ -119,7 +119,7 @@ def _revive_step(alias: str, step: Any) -> None:
 
     steps = WorkflowStep.objects.using(alias).filter(pk=step.pk, status="failed", attempt=step.attempt)
     if step.rpc_name not in (SLEEP_RPC, SIGNAL_RPC, CHILD_RPC):
-        steps.update(budget_base=F("attempt"))
+        steps.update(budget_base=F("attempt"), losses=0)
         return
     attempt = step.attempt + 1
     data = dict(step.data or {})
@@ -137,6 +137,7 @@ def _revive_step(alias: str, step: Any) -> None:
         status=status,
         attempt=attempt,
         budget_base=attempt - 1,
+        losses=0,
         data=data,
         result=None,
         error=None,

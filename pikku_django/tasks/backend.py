@@ -31,7 +31,7 @@ from pikku_django.tasks.results import (
 )
 
 #: The OPTIONS this backend reads, with their defaults.
-OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None}
+OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None, "worker_losses": 2}
 
 
 class PikkuTaskBackend(BaseTaskBackend):
@@ -41,8 +41,10 @@ class PikkuTaskBackend(BaseTaskBackend):
     task whose worker dies runs again as a new attempt, never stuck RUNNING.
     ``run_after`` and the lease are judged on the database clock.
 
-    ``OPTIONS``: ``retries`` (attempts after the first; default 0) and
-    ``lease_ms`` (the step lease; default ``PIKKU_STEP_LEASE_MS``).
+    ``OPTIONS``: ``retries`` (attempts after the first that raised; default
+    0), ``worker_losses`` (lost workers a task outlives, each followed by a
+    new attempt, before one more fails it; default 2) and ``lease_ms`` (the
+    step lease; default ``PIKKU_STEP_LEASE_MS``).
     """
 
     supports_defer = True
@@ -61,6 +63,7 @@ class PikkuTaskBackend(BaseTaskBackend):
         options = {**OPTION_DEFAULTS, **self.options}
         try:
             self.retries = validate.whole("retries", options["retries"])
+            self.worker_losses = validate.whole("worker_losses", options["worker_losses"])
             self.lease_ms = (
                 None if options["lease_ms"] is None else validate.positive_ms("lease_ms", options["lease_ms"])
             )
@@ -103,7 +106,7 @@ class PikkuTaskBackend(BaseTaskBackend):
             )
             # Stored now, so that a worker only claims it.
             step = WorkflowStep.objects.db_manager(alias).insert_step(
-                run, TASK_STEP, task.module_path, retries=self.retries
+                run, TASK_STEP, task.module_path, retries=self.retries, worker_losses=self.worker_losses
             )
         result = build_result(task, self.alias, run, step, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)

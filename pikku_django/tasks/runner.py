@@ -37,8 +37,14 @@ def _read(ctx: RunContext) -> Any:
 
 
 def _last_attempt(ctx: RunContext) -> bool:
-    """Is the task's step on the last attempt of its budget (a retry_workflow gives a fresh one)?"""
+    """
+    Would the attempt now raising spend the task's budget? Judged on its
+    step as the claim will judge it once the failure is recorded (only
+    attempts that raised count against ``retries``; a retry_workflow gives a
+    fresh budget).
+    """
     step = WorkflowStep.objects.using(ctx.run._state.db).get(run_id=ctx.run_id, step_name=TASK_STEP)
+    step.status = "failed"
     return step.is_exhausted
 
 
