@@ -113,7 +113,7 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
         },
         "no_losses": {
             "BACKEND": "pikku_django.tasks.PikkuTaskBackend",
-            "QUEUES": ["default"],
+            "QUEUES": ["default", "slow"],
             "OPTIONS": {"retries": 1, "worker_losses": 0},
         },
     }

@@ -168,7 +168,9 @@ class ConcurrencyTests(WorkerProcessTestCase):
 
     def test_a_sigkilled_slot_holders_slot_frees_when_its_lease_lapses(self) -> None:
         env = subprocess_env(PIKKU_QUEUES=json.dumps({"slow": {"concurrency": 1}}), **SHORT_LEASES)
-        blocked = tasks.block.using(queue_name="slow").enqueue()
+        # worker_losses 0: once its worker is killed the task is failed, not run
+        # again (which would block the next worker too).
+        blocked = tasks.block_without_losses.using(queue_name="slow").enqueue()
         k = self.worker("--holder", "worker-k", "--interval", "0.1", env=env)
         self.ready(k, "worker-k")
         poll_until(lambda: StepCall.objects.filter(run_id=blocked.id).exists(), timeout=60)
