@@ -279,3 +279,11 @@ class TaskRetryTests(TransactionTestCase):
         result.refresh()
         assert result.status == TaskResultStatus.FAILED and finished == ["FAILED"]
         assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 2
+
+
+def test_the_store_names_the_waits_as_the_runtime_does() -> None:
+    from pikku_django.managers import operate
+    from pikku_django.workflows import waits
+
+    assert (operate.SLEEP_RPC, operate.CHILD_RPC) == (waits.SLEEP_RPC, waits.CHILD_RPC)
+    assert operate.SIGNAL_TIMEOUT_TYPE == waits.SIGNAL_TIMEOUT_TYPE
