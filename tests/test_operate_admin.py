@@ -164,6 +164,8 @@ class OperateAdminTests(TestCase):
             assert (str(run.pk)[:8] in body) is shown, run.status
         body = self.get(self.runs_url, {"status": "completed"})
         assert str(done.pk)[:8] in body and str(failed.pk)[:8] not in body
+        body = self.get(self.runs_url, {"status__exact": "failed"})
+        assert str(failed.pk)[:8] in body and str(done.pk)[:8] not in body
 
     def test_fork_from_a_step_on_the_run_page(self) -> None:
         run = start_workflow("test.steps", {"steps": 3}, inline=True)
