@@ -9,7 +9,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 
 from pikku_django import validate
-from pikku_django.conf import DEFAULTS, MAX_QUEUE_CONCURRENCY, ZERO_ALLOWED
+from pikku_django.conf import DEFAULTS, MAX_QUEUE_CONCURRENCY, RETENTION_DEFAULTS, ZERO_ALLOWED
 from pikku_django.errors import InvalidArgumentError
 
 #: Stable check ids, one per setting (documented in the README).
@@ -113,6 +113,49 @@ def check_task_backends(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     if framework_checks_backends():
         return []
     return [message for alias in ours for message in task_backends[alias].check()]
+
+
+#: The check id of PIKKU_RETENTION_MS.
+RETENTION_CHECK_ID = "pikku_django.E011"
+
+
+@register(Tags.compatibility)
+def check_retention(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """PIKKU_RETENTION_MS maps finished run statuses to milliseconds (> 0) or None."""
+    value = getattr(django_settings, "PIKKU_RETENTION_MS", {})
+    example = 'PIKKU_RETENTION_MS = {"completed": 86_400_000, "failed": None}'
+    if not isinstance(value, dict):
+        return [
+            Error(
+                f"PIKKU_RETENTION_MS must be a dict, not {type(value).__name__}.",
+                hint=f"Map finished statuses to how long their runs are kept, e.g. {example}.",
+                id=RETENTION_CHECK_ID,
+            )
+        ]
+    errors: list[CheckMessage] = []
+    for status, keep_ms in value.items():
+        if status not in RETENTION_DEFAULTS:
+            errors.append(
+                Error(
+                    f"PIKKU_RETENTION_MS has an unknown status {status!r}.",
+                    hint=f"Use the finished statuses {sorted(RETENTION_DEFAULTS)}.",
+                    id=RETENTION_CHECK_ID,
+                )
+            )
+            continue
+        if keep_ms is None:
+            continue
+        try:
+            validate.positive_ms(f"PIKKU_RETENTION_MS[{status!r}]", keep_ms)
+        except InvalidArgumentError as e:
+            errors.append(
+                Error(
+                    str(e),
+                    hint=f"Give milliseconds > 0, or None to keep {status} runs for ever; e.g. {example}.",
+                    id=RETENTION_CHECK_ID,
+                )
+            )
+    return errors
 
 
 @register(Tags.database)

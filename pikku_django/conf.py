@@ -24,6 +24,17 @@ DEFAULTS: dict[str, int] = {
     "PIKKU_MAX_JSON_BYTES": 2 * 1024 * 1024,
 }
 
+_DAY_MS = 24 * 3600 * 1000
+
+#: How long a finished run is kept, by status, in ms (``None`` keeps it for
+#: ever): PIKKU_RETENTION_MS overrides these per status, and a status it
+#: leaves out keeps its default.
+RETENTION_DEFAULTS: dict[str, int | None] = {
+    "completed": 7 * _DAY_MS,
+    "failed": 30 * _DAY_MS,
+    "cancelled": 30 * _DAY_MS,
+}
+
 #: The largest ``concurrency`` a queue of PIKKU_QUEUES may have: a worker
 #: tries that many slot leases before it moves on.
 MAX_QUEUE_CONCURRENCY = 1000
@@ -70,6 +81,11 @@ class Settings:
     def QUEUES(self) -> dict[str, dict[str, Any]]:  # noqa: N802
         """PIKKU_QUEUES: per-queue options, ``{"emails": {"concurrency": 2}}`` (checked by E007)."""
         return dict(getattr(django_settings, "PIKKU_QUEUES", {}))
+
+    @property
+    def RETENTION_MS(self) -> dict[str, int | None]:  # noqa: N802
+        """PIKKU_RETENTION_MS over its defaults: how long each finished status is kept (checked by E011)."""
+        return {**RETENTION_DEFAULTS, **dict(getattr(django_settings, "PIKKU_RETENTION_MS", {}))}
 
     def concurrency(self, queue: str) -> int | None:
         """How many runs of ``queue`` may be driven at once everywhere; None when unlimited."""

@@ -138,6 +138,14 @@ class WorkflowRun(models.Model):
     deadline_at = models.BigIntegerField(
         null=True, blank=True, help_text="Epoch ms on the database clock after which the run times out."
     )
+    forked_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        help_text="The run that fork_workflow() copied this one from.",
+    )
 
     objects = WorkflowRunManager()
 
@@ -198,6 +206,20 @@ class WorkflowStep(models.Model):
     retries = models.PositiveIntegerField(help_text="Attempts after the first.")
     retry_delay = models.PositiveIntegerField(null=True, blank=True, help_text="Milliseconds.")
     attempt = models.PositiveIntegerField(default=1)
+    # A database default too: the raw step inserts (sql.attempts) leave it out.
+    budget_base = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Attempts spent before the current budget of retries + 1 (a retry_workflow() raises it).",
+    )
+    # The worker-loss budget of a Django task's step (see ``is_exhausted``);
+    # NULL for a workflow step, whose lost workers spend its attempts.
+    worker_losses = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Lost workers it outlives without spending its retries."
+    )
+    losses = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Lost workers in the current budget (counted by the claim)."
+    )
     lease_expires_at = models.BigIntegerField(
         null=True, blank=True, help_text="Epoch ms on the database clock; NULL when not held."
     )
@@ -227,12 +249,22 @@ class WorkflowStep(models.Model):
 
     @property
     def attempts_allowed(self) -> int:
-        return self.retries + 1
+        """The highest attempt number the current budget allows."""
+        return self.budget_base + self.retries + 1
 
     @property
     def is_exhausted(self) -> bool:
-        """Has this step spent every attempt it is allowed?"""
-        return self.attempt >= self.attempts_allowed
+        """
+        Has this step spent every attempt its current budget allows? With a
+        ``worker_losses`` budget (a Django task), only attempts that raised
+        count against ``retries``, and a step that lost its worker (still
+        ``running``) is judged on its losses alone.
+        """
+        if self.worker_losses is None:
+            return self.attempt >= self.attempts_allowed
+        if self.status == StepStatus.RUNNING:
+            return self.losses >= self.worker_losses
+        return self.losses > self.worker_losses or self.attempt >= self.attempts_allowed + self.losses
 
 
 class WorkflowStepAttempt(models.Model):

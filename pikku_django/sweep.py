@@ -2,14 +2,17 @@
 One sweep pass: fail steps that lost their worker on their last attempt, time
 out runs past their deadline, wake runs that need a worker (never one due
 later, unless its worker was lost in a step; suspended runs whose signal is
-waiting too), and prune dead lease rows. Every write is a guarded statement,
-so sweeps on many nodes at once do no double work and no harm.
+waiting too), prune dead lease rows, and prune finished runs past their
+retention. Every write is a guarded statement, so sweeps on many nodes at
+once do no double work and no harm.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import operator
 import time
 import uuid
 from typing import Any
@@ -56,6 +59,7 @@ class SweepReport:
     backed_off_runs: int = 0
     signalled_runs: int = 0
     pruned_leases: int = 0
+    pruned_runs: int = 0
     duration_ms: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -69,7 +73,7 @@ class SweepReport:
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
             f"woke {self.signalled_runs} suspended runs whose signal was waiting; "
-            f"pruned {self.pruned_leases} leases; {self.duration_ms} ms."
+            f"pruned {self.pruned_leases} leases and {self.pruned_runs} finished runs; {self.duration_ms} ms."
         )
 
 
@@ -77,6 +81,7 @@ def sweep(
     *,
     stalled_after_ms: int | None = None,
     limit: int = 100,
+    prune_limit: int = 1000,
     dry_run: bool = False,
     using: str | None = None,
 ) -> SweepReport:
@@ -87,6 +92,7 @@ def sweep(
         else validate.whole("stalled_after_ms", stalled_after_ms, maximum=validate.MAX_TTL_MS)
     )
     validate.whole("limit", limit, minimum=1, maximum=validate.MAX_INTEGER)
+    validate.whole("prune_limit", prune_limit, minimum=1, maximum=validate.MAX_INTEGER)
     alias = write_alias(WorkflowRun, using)
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
@@ -131,6 +137,7 @@ def sweep(
 
     report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
     report.pruned_leases = _prune_leases(limit, dry_run, alias)
+    report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
 
@@ -244,4 +251,45 @@ def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
     return [key for run_id, key in ids.items() if run_id not in alive]
 
 
-__all__ = ["PRUNE_GRACE_MS", "SweepReport", "sweep", "wake_signalled_runs"]
+def prune_runs(limit: int = 1000, *, dry_run: bool = False, using: str | None = None) -> int:
+    """
+    Delete up to ``limit`` finished runs, oldest first, whose ``updated_at``
+    (which a run's end sets) is older than PIKKU_RETENTION_MS for their
+    status on the database clock, with their steps, attempts and signals;
+    never a run whose parent or a child is unfinished. Returns how many runs
+    it deleted (with ``dry_run``, would delete). Each status is one walk of
+    the (status, updated_at) index, bounded by ``limit``, so a pass costs the
+    same however much history is kept.
+    """
+    validate.whole("limit", limit, minimum=1)
+    alias = write_alias(WorkflowRun, using)
+    runs = WorkflowRun.objects.db_manager(alias)
+    unfinished = runs.exclude(status__in=FINISHED_RUN_STATUSES)
+    kept = runs.exclude(Exists(unfinished.filter(parent=OuterRef("pk")))).exclude(
+        Exists(unfinished.filter(pk=OuterRef("parent_id")))
+    )
+    expired = {
+        status: Q(status=status, updated_at__lte=DbNow(minus_ms=keep_ms))
+        for status, keep_ms in conf.RETENTION_MS.items()
+        if keep_ms is not None
+    }
+    oldest: list[tuple[Any, Any]] = []
+    for guard in expired.values():
+        walk = kept.filter(guard).order_by("updated_at").values_list("updated_at", "pk")
+        oldest.extend(walk[:limit])
+    picked = [pk for _, pk in sorted(oldest, key=lambda row: row[0])[:limit]]
+    if dry_run or not picked:
+        return len(picked)
+    with transaction.atomic(using=alias):
+        take_write_lock(alias)
+        # Locked and judged again: a run retried (or a parent revived) since
+        # it was read no longer matches, and its retry waits for this one.
+        again = functools.reduce(operator.or_, expired.values())
+        locked = list(kept.filter(again, pk__in=picked).select_for_update().values_list("pk", flat=True))
+        if not locked:
+            return 0
+        _, deleted = runs.filter(pk__in=locked).delete()
+    return deleted.get(WorkflowRun._meta.label, 0)
+
+
+__all__ = ["PRUNE_GRACE_MS", "SweepReport", "prune_runs", "sweep", "wake_signalled_runs"]

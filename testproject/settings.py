@@ -115,6 +115,11 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
             "QUEUES": ["default"],
             "OPTIONS": {"retries": 2},
         },
+        "no_losses": {
+            "BACKEND": "pikku_django.tasks.PikkuTaskBackend",
+            "QUEUES": ["default", "slow"],
+            "OPTIONS": {"retries": 1, "worker_losses": 0},
+        },
     }
 
 # The default task backend's OPTIONS, as JSON from the environment (for the

@@ -288,6 +288,7 @@ class CommandLineTests(ProcessTestCase):
             "backed_off_runs",
             "signalled_runs",
             "pruned_leases",
+            "pruned_runs",
             "duration_ms",
         }
         # A real pass changes them.

@@ -190,7 +190,9 @@ class ConcurrencyTests(WorkerProcessTestCase):
 
     def test_a_sigkilled_slot_holders_slot_frees_when_its_lease_lapses(self) -> None:
         env = subprocess_env(PIKKU_QUEUES=json.dumps({"slow": {"concurrency": 1}}), **SHORT_LEASES)
-        blocked = tasks.block.using(queue_name="slow").enqueue()
+        # worker_losses 0: once its worker is killed the task is failed, not run
+        # again (which would block the next worker too).
+        blocked = tasks.block_without_losses.using(queue_name="slow").enqueue()
         k = self.worker("--holder", "worker-k", "--interval", "0.1", env=env)
         self.ready(k, "worker-k")
         poll_until(lambda: StepCall.objects.filter(run_id=blocked.id).exists(), timeout=60)
@@ -211,3 +213,43 @@ class ConcurrencyTests(WorkerProcessTestCase):
         )
         assert holders == ["worker-l"]
         self.stop(l_proc, "worker-l")
+
+
+class WorkerLossTests(WorkerProcessTestCase):
+    """OPTIONS["worker_losses"] (default 2): lost workers a task outlives even with retries 0."""
+
+    def lose(self, name: str, env: dict[str, str]) -> None:
+        """Start a worker and wait for the task to SIGKILL it."""
+        proc = self.worker("--holder", name, "--interval", "0.1", env=env)
+        self.ready(proc, name)
+        assert proc.wait(timeout=60) == -signal.SIGKILL, self.log(proc)
+
+    def test_a_task_whose_worker_is_killed_runs_again_with_retries_zero(self) -> None:
+        env = subprocess_env(**SHORT_LEASES)
+        result = tasks.kill_first_worker.enqueue()
+        self.lose("worker-a", env)
+        b = self.worker("--holder", "worker-b", "--interval", "0.1", env=env)
+        self.ready(b, "worker-b")
+        done = poll_until(lambda: (r := result_of(result.id)).is_finished and r, timeout=60, interval=0.05)
+        assert done.status == TaskResultStatus.SUCCESSFUL, done.errors
+        assert (done.attempts, done.worker_ids) == (2, ["worker-a", "worker-b"])
+        assert [e.exception_class_path for e in done.errors] == ["pikku_django.errors.WorkerLostError"]
+        self.stop(b, "worker-b")
+
+    def test_a_task_that_kills_every_worker_fails_once_its_losses_are_spent(self) -> None:
+        env = subprocess_env(**SHORT_LEASES)
+        result = tasks.kill_every_worker.enqueue()
+        for name in ("worker-a", "worker-b", "worker-c"):
+            self.lose(name, env)
+        d = self.worker("--holder", "worker-d", "--interval", "0.1", env=env)
+        self.ready(d, "worker-d")
+        done = poll_until(lambda: (r := result_of(result.id)).is_finished and r, timeout=60, interval=0.05)
+        assert done.status == TaskResultStatus.FAILED
+        assert done.worker_ids == ["worker-a", "worker-b", "worker-c"]
+        assert [e.exception_class_path for e in done.errors] == [
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.StepLeaseExpiredError",
+        ]
+        assert StepCall.objects.filter(run_id=result.id).count() == 3
+        self.stop(d, "worker-d")

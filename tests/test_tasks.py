@@ -181,22 +181,89 @@ class EnqueueTests(TransactionTestCase):
         assert "w-dead" in lost.traceback
 
     def test_a_task_whose_worker_is_lost_on_every_attempt_is_failed_not_stuck_running(self) -> None:
-        result = tasks.block.enqueue()  # the default backend: retries 0, one attempt
+        result = tasks.block.enqueue()  # the default backend: retries 0, worker_losses 2
         step = WorkflowStep.objects.get(run_id=result.id)
-        assert WorkflowStep.objects.claim(step.run_id, "task", step.rpc_name, 60_000, holder="w-dead")
-        lapse_step(step)
+        assert (step.retries, step.worker_losses, step.losses) == (0, 2, 0)
+        # Two lost workers are each followed by a new attempt, even with retries 0 ...
+        for n in (1, 2, 3):
+            assert (
+                WorkflowStep.objects.claim_attempt(
+                    step.run_id, "task", step.rpc_name, 60_000, holder=f"w-{n}"
+                )
+                == n
+            )
+            lapse_step(step)
+        # ... and one more fails it.
         with Signals() as signals:
             drain("w-next")
         result.refresh()
         assert result.status == TaskResultStatus.FAILED
-        assert result.worker_ids == ["w-dead"]
-        ((error,),) = [result.errors]
-        # The last lost attempt names its worker too, and is a StepLeaseExpiredError.
-        assert error.exception_class_path == "pikku_django.errors.WorkerLostError"
-        assert issubclass(error.exception_class, StepLeaseExpiredError)
-        assert "w-dead" in error.traceback and "last attempt" in error.traceback
+        assert result.worker_ids == ["w-1", "w-2", "w-3"]
+        # Every lost attempt names its worker, the last one too, which is also
+        # a StepLeaseExpiredError (its budget of lost workers is spent).
+        assert [e.exception_class_path for e in result.errors] == ["pikku_django.errors.WorkerLostError"] * 3
+        assert issubclass(result.errors[-1].exception_class, StepLeaseExpiredError)
+        assert "w-3" in result.errors[-1].traceback and "last attempt" in result.errors[-1].traceback
+        step.refresh_from_db()
+        assert (step.status, step.attempt, step.losses, step.is_exhausted) == ("failed", 3, 3, True)
+        assert WorkflowStep.objects.claim_attempt(step.run_id, "task", step.rpc_name, 60_000) is None
         # The task was never called again.
         assert signals.seen == []
+
+    def test_worker_losses_zero_fails_on_the_first_loss(self) -> None:
+        result = tasks.block_without_losses.enqueue()
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.retries, step.worker_losses) == (1, 0)
+        assert (
+            WorkflowStep.objects.claim_attempt(step.run_id, "task", step.rpc_name, 60_000, holder="w-1") == 1
+        )
+        lapse_step(step)
+        drain("w-next")
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        ((lost,),) = [result.errors]
+        assert lost.exception_class_path == "pikku_django.errors.WorkerLostError"
+        assert issubclass(lost.exception_class, StepLeaseExpiredError) and "w-1" in lost.traceback
+
+    def test_retries_count_only_attempts_that_raised(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=99)  # retries 2, worker_losses 2
+        step = WorkflowStep.objects.get(run_id=result.id)
+        for n in (1, 2):
+            assert (
+                WorkflowStep.objects.claim_attempt(
+                    step.run_id, "task", step.rpc_name, 60_000, holder=f"w-{n}"
+                )
+                == n
+            )
+            lapse_step(step)
+        with Signals() as signals:
+            drain("w-3")
+        result.refresh()
+        # Two lost workers, then three attempts that raised: retries + 1 of them.
+        assert result.status == TaskResultStatus.FAILED
+        assert (result.attempts, result.worker_ids) == (5, ["w-1", "w-2", "w-3", "w-3", "w-3"])
+        assert [e.exception_class_path for e in result.errors] == [
+            "pikku_django.errors.WorkerLostError",
+            "pikku_django.errors.WorkerLostError",
+            *["builtins.RuntimeError"] * 3,
+        ]
+        assert [s for s in signals.seen if s[0] == "finished"] == [("finished", "FAILED", 5)]
+
+    def test_a_loss_after_raises_still_has_its_own_budget(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=99)
+        step = WorkflowStep.objects.get(run_id=result.id)
+        steps = WorkflowStep.objects
+        for n in (1, 2):  # two attempts that raise
+            assert steps.claim_attempt(step.run_id, "task", step.rpc_name, 60_000) == n
+            steps.finish_attempt(step.pk, n, error=RuntimeError(f"attempt {n} fails"))
+        assert steps.claim_attempt(step.run_id, "task", step.rpc_name, 60_000, holder="w-lost") == 3
+        lapse_step(step)
+        drain("w-4")
+        result.refresh()
+        # Attempt 4 raises (the third that raised, retries 2 spent): FAILED.
+        assert result.status == TaskResultStatus.FAILED, result.errors
+        assert result.attempts == 4
+        assert result.errors[2].exception_class_path == "pikku_django.errors.WorkerLostError"
 
     def test_unknown_ids_raise_task_result_does_not_exist(self) -> None:
         backend = task_backends["default"]
@@ -258,7 +325,7 @@ class EnqueueTests(TransactionTestCase):
         with pytest.raises(InvalidTask):
             tasks.add.using(priority=101)
         # Bad OPTIONS are check messages (see test_task_checks.py); such a backend stores nothing.
-        for options in [{"retries": -1}, {"retry": 1}]:
+        for options in [{"retries": -1}, {"retry": 1}, {"worker_losses": -1}]:
             with pytest.raises(PikkuConfigurationError, match="OPTIONS"):
                 PikkuTaskBackend("x", {"OPTIONS": options}).enqueue(tasks.add, [1, 2], {})
         assert not WorkflowRun.objects.exists()

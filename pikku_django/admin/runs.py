@@ -1,4 +1,4 @@
-"""The workflow run admin: its steps inline, wake and cancel actions."""
+"""The workflow run admin: its steps inline, a timeline, wake, cancel and retry actions, fork."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
-from django.urls import reverse
+from django.urls import path, reverse
+from django.urls.resolvers import URLPattern
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -19,7 +20,15 @@ from pikku_django.admin.base import (
     pretty_json,
     short_uuid,
 )
+from pikku_django.admin.operate import (
+    INLINE_ROWS,
+    RunStatusFilter,
+    fork_view,
+    full_list_link,
+    retry_selected,
+)
 from pikku_django.admin.steps import WorkflowStepInline
+from pikku_django.admin.timeline import run_timeline
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 from pikku_django.clock import DbNowMs
 from pikku_django.managers import WorkflowRunQuerySet
@@ -56,7 +65,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "updated_at",
     ]
     list_display_links = ["short_id"]
-    list_filter = ["status", "workflow"]
+    list_filter = [RunStatusFilter, "workflow"]
     search_fields = ["id", "workflow"]
     fields = [
         "id",
@@ -71,14 +80,19 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "parent_display",
         "children_display",
         "idempotency_key",
+        "forked_from",
         "created_at",
         "age",
         "updated_at",
         "input_json",
         "output_json",
         "error_json",
+        "timeline",
+        "more_rows",
     ]
     readonly_fields = [
+        "timeline",
+        "more_rows",
         "steps_display",
         "age",
         "wake_display",
@@ -91,7 +105,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "error_json",
     ]
     inlines = [WorkflowStepInline, WorkflowSignalInline]
-    actions = ["wake_runs", "cancel_runs"]
+    actions = ["wake_runs", "cancel_runs", "retry_runs"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         # The DB clock's now rides on each row, so "due" is judged where
@@ -201,6 +215,44 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         if skipped:
             message += f" Skipped {skipped} {why}."
         self.message_user(request, message, messages.SUCCESS if count else messages.WARNING)
+
+    @admin.action(description="Retry selected runs", permissions=["retry"])
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        # Failed and cancelled runs (task runs too) go on from where they stopped.
+        retry_selected(self, request, queryset)
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: WorkflowRun) -> str:
+        return run_timeline(obj)
+
+    @admin.display(description="more rows")
+    def more_rows(self, obj: WorkflowRun) -> str:
+        """Links to the whole step and signal lists when the inlines show only the first rows."""
+        steps = obj.steps.count()
+        signals = obj.signals.count()
+        links = [
+            full_list_link("admin:pikku_django_workflowstep_changelist", obj, steps, "steps")
+            if steps > INLINE_ROWS
+            else None,
+            full_list_link("admin:pikku_django_workflowsignal_changelist", obj, signals, "signals")
+            if signals > INLINE_ROWS
+            else None,
+        ]
+        shown = [link for link in links if link]
+        if not shown:
+            return self.get_empty_value_display()
+        return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in shown))
+
+    def get_urls(self) -> list[URLPattern]:
+        fork = path(
+            "<path:object_id>/fork/",
+            self.admin_site.admin_view(fork_view),
+            name="pikku_django_workflowrun_fork",
+        )
+        return [fork, *super().get_urls()]
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return has_change_perm(request, WorkflowRun)
 
     def has_wake_permission(self, request: HttpRequest) -> bool:
         return has_change_perm(request, WorkflowRun)

@@ -18,6 +18,7 @@ from pikku_django.admin.base import (
     pretty_json,
     short_uuid,
 )
+from pikku_django.admin.operate import CappedFormSet, fork_button
 from pikku_django.clock import DbNowMs
 from pikku_django.models import StepStatus, WorkflowStep, WorkflowStepAttempt
 
@@ -41,13 +42,20 @@ class StepColumns(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
 
 
 class WorkflowStepInline(StepColumns, ReadOnlyTabularInline):
+    """A run's steps, the first ``INLINE_ROWS`` of them, each with a fork button."""
+
     model = WorkflowStep
     # child_run points at WorkflowRun too.
     fk_name = "run"
-    fields = ["step_name", "status", "attempt_display", "lease_left", "rpc_name", "updated_at"]
-    readonly_fields = ["attempt_display", "lease_left"]
+    formset = CappedFormSet
+    fields = ["step_name", "status", "attempt_display", "lease_left", "rpc_name", "updated_at", "fork"]
+    readonly_fields = ["attempt_display", "lease_left", "fork"]
     ordering = ["created_at"]
     show_change_link = True
+
+    @admin.display(description="fork")
+    def fork(self, obj: WorkflowStep) -> str:
+        return fork_button(obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowStep]:
         steps: QuerySet[WorkflowStep] = super().get_queryset(request)

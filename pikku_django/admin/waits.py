@@ -13,7 +13,8 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from pikku_django.admin.base import ReadOnlyTabularInline, format_ms, pretty_json, short_uuid
+from pikku_django.admin.base import ReadOnlyAdmin, ReadOnlyTabularInline, format_ms, pretty_json, short_uuid
+from pikku_django.admin.operate import CappedFormSet
 from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
 from pikku_django.workflows.waits import CHILD_RPC, SLEEP_RPC
@@ -76,17 +77,8 @@ def describe_wait(run: WorkflowRun, now_ms: int) -> str | None:
     return None
 
 
-class WorkflowSignalInline(ReadOnlyTabularInline):
-    """The signals sent to a run, and which wait consumed each."""
-
-    model = WorkflowSignal
-    fields = ["name", "payload_json", "sent", "consumed_by"]
-    readonly_fields = ["payload_json", "sent"]
-    ordering = ["sent_at", "id"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowSignal]:
-        signals: QuerySet[WorkflowSignal] = super().get_queryset(request)
-        return signals.select_related("consumed_by")
+class SignalColumns(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
+    """Columns a signal shows on its run's page and in the signal list."""
 
     @admin.display(description="payload")
     def payload_json(self, obj: WorkflowSignal) -> str:
@@ -95,3 +87,32 @@ class WorkflowSignalInline(ReadOnlyTabularInline):
     @admin.display(description="sent", ordering="sent_at")
     def sent(self, obj: WorkflowSignal) -> str:
         return _when(obj.sent_at)
+
+
+class WorkflowSignalInline(SignalColumns, ReadOnlyTabularInline):
+    """The signals sent to a run (the first ``INLINE_ROWS``), and which wait consumed each."""
+
+    model = WorkflowSignal
+    formset = CappedFormSet
+    fields = ["name", "payload_json", "sent", "consumed_by"]
+    readonly_fields = ["payload_json", "sent"]
+    ordering = ["sent_at", "id"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowSignal]:
+        signals: QuerySet[WorkflowSignal] = super().get_queryset(request)
+        return signals.select_related("consumed_by")
+
+
+@admin.register(WorkflowSignal)
+class WorkflowSignalAdmin(SignalColumns, ReadOnlyAdmin):
+    """Every signal, filtered on its run from the run's page (``?run__id__exact=``)."""
+
+    list_display = ["name", "run_link", "payload_json", "sent", "consumed_by"]
+    list_select_related = ["consumed_by"]
+    search_fields = ["name", "run__id"]
+    ordering = ["-sent_at", "-id"]
+
+    @admin.display(description="run")
+    def run_link(self, obj: WorkflowSignal) -> str:
+        url = reverse("admin:pikku_django_workflowrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, short_uuid(obj.run_id))

@@ -71,8 +71,14 @@ ACTIVE_RUN_STATUSES = ("running", "suspended")
 #: backlog of fresh work.
 WOKEN = 0
 
-#: A step on its last allowed attempt (its worker-loss budget is spent).
-SPENT = Q(attempt__gte=F("retries") + 1)
+#: A step whose worker-loss budget is spent (the sweep asks it of running
+#: steps under a lapsed lease): a workflow step on the last attempt its
+#: current budget allows (``budget_base`` is the attempts spent before a
+#: ``retry_workflow`` gave it a fresh one), a task's step once its losses
+#: reach ``worker_losses`` (see ``WorkflowStep.is_exhausted``).
+SPENT = Q(worker_losses__isnull=True, attempt__gte=F("budget_base") + F("retries") + 1) | Q(
+    worker_losses__isnull=False, losses__gte=F("worker_losses")
+)
 
 #: The sweep's back-off between two wakes of one idle run: 30 s, doubling to 10 min.
 SWEEP_BACKOFF_MS = (30_000, 60_000, 120_000, 240_000, 480_000)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Q, Value
+from django.db.models import F, Q, Value
 
 from pikku_django import sql, validate
 from pikku_django.clock import DbNow, DbNowMs
@@ -69,8 +69,14 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         data: Any = None,
         retries: int | None = None,
         retry_delay: int | None = None,
+        *,
+        worker_losses: int | None = None,
     ) -> WorkflowStep:
-        """A new pending step of ``run`` (with its first attempt's history row)."""
+        """
+        A new pending step of ``run`` (with its first attempt's history row).
+        ``worker_losses`` gives it a worker-loss budget apart from its
+        ``retries`` (as a Django task's step has; see ``WorkflowStep.is_exhausted``).
+        """
         from pikku_django.models import WorkflowStepAttempt
 
         step = self.model(
@@ -80,6 +86,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             data=validate.json_value("data", data),
             retries=conf.STEP_RETRIES if retries is None else validate.retries("retries", retries),
             retry_delay=None if retry_delay is None else validate.retry_delay("retry_delay", retry_delay),
+            worker_losses=None if worker_losses is None else validate.whole("worker_losses", worker_losses),
             status="pending",
             attempt=1,
             created_at=DbNow(),
@@ -103,7 +110,14 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         return step
 
     def insert_pending(
-        self, run: WorkflowRun, step_name: str, rpc_name: str, *, retries: int, deferred: bool = False
+        self,
+        run: WorkflowRun,
+        step_name: str,
+        rpc_name: str,
+        *,
+        retries: int,
+        worker_losses: int | None = None,
+        deferred: bool = False,
     ) -> None:
         """
         A new pending step of ``run`` in one INSERT, on the caller's
@@ -118,6 +132,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             step_name=validate.name("step_name", step_name),
             rpc_name=validate.name("rpc_name", rpc_name),
             retries=validate.retries("retries", retries),
+            worker_losses=None if worker_losses is None else validate.retries("worker_losses", worker_losses),
             status="scheduled" if deferred else "pending",
             attempt=1,
             created_at=DbNow(),
@@ -256,7 +271,16 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                     attempt=step.attempt,
                     lease_expires_at__lte=DbNowMs(),
                 )
-                .update(status="failed", error=error, result=None, lease_expires_at=None, updated_at=DbNow())
+                # The last loss counted too: a task's step is then over its
+                # worker-loss budget, which no claim takes again (sql.steps).
+                .update(
+                    status="failed",
+                    error=error,
+                    result=None,
+                    lease_expires_at=None,
+                    losses=F("losses") + 1,
+                    updated_at=DbNow(),
+                )
             )
             if not failed:
                 return False

@@ -6,26 +6,37 @@ from __future__ import annotations
 #: pending or scheduled (its attempt was counted when it was scheduled), or
 #: failed or running under a *lapsed* lease with attempts left (a new
 #: attempt). A live lease, a NULL lease (parked on a child run), a success, or
-#: a spent budget match nothing. ``rpc_name`` is part of the guard, so a claim
+#: a spent budget match nothing. The budget is ``retries + 1`` attempts after
+#: the ``budget_base`` attempts spent before it (a ``retry_workflow`` raises
+#: the base, so the attempt number keeps rising and every older attempt stays
+#: fenced). A task's step has a worker-loss budget besides (``worker_losses``
+#: not NULL): a lost worker is judged on ``losses`` alone, only attempts that
+#: raised count against ``retries`` (no subtraction: the columns are unsigned
+#: on MySQL), and a step failed by one loss too many (``losses`` over the
+#: budget) is never claimed again. ``rpc_name`` is part of the guard, so a claim
 #: with another function changes nothing (the manager then says why).
 _STEP_CLAIM_GUARD = """
     s.{q}run_id{q} = %(run_id)s AND s.{q}step_name{q} = %(step_name)s AND s.{q}rpc_name{q} = %(rpc_name)s
     AND (
         s.{q}status{q} IN ('pending', 'scheduled')
-        OR (s.{q}status{q} = 'failed' AND s.{q}attempt{q} < s.{q}retries{q} + 1)
-        OR (s.{q}status{q} = 'running' AND s.{q}lease_expires_at{q} <= {now_ms}
-            AND s.{q}attempt{q} < s.{q}retries{q} + 1)
+        OR (s.{q}status{q} = 'failed' AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1
+            + CASE WHEN s.{q}worker_losses{q} IS NULL THEN 0 ELSE s.{q}losses{q} END
+            AND (s.{q}worker_losses{q} IS NULL OR s.{q}losses{q} <= s.{q}worker_losses{q}))
+        OR (s.{q}status{q} = 'running' AND s.{q}lease_expires_at{q} <= {now_ms} AND (
+            (s.{q}worker_losses{q} IS NULL AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1)
+            OR s.{q}losses{q} < s.{q}worker_losses{q}))
     )
 """
 
 #: The attempt number is advanced by the same guarded UPDATE that grants the
 #: lease, so the worker it is taken from is fenced out at once: every write of
 #: an attempt is guarded by ``attempt = its number AND status = 'running'``.
-#: ``attempt`` is assigned first: MySQL evaluates SET left to right, and it must
-#: read the old status.
+#: ``attempt`` and ``losses`` (a lost worker counted) are assigned first: MySQL
+#: evaluates SET left to right, and they must read the old status.
 _STEP_CLAIM_SET = """
     {q}attempt{q} = CASE WHEN s.{q}status{q} IN ('pending', 'scheduled')
         THEN s.{q}attempt{q} ELSE s.{q}attempt{q} + 1 END,
+    {q}losses{q} = CASE WHEN s.{q}status{q} = 'running' THEN s.{q}losses{q} + 1 ELSE s.{q}losses{q} END,
     {q}status{q} = 'running',
     {q}lease_expires_at{q} = {now_ms} + %(lease_ms)s,
     {q}result{q} = NULL,

@@ -33,15 +33,15 @@ from pikku_django.tasks.results import (
 )
 
 #: The OPTIONS this backend reads, with their defaults.
-OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None}
+OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None, "worker_losses": 2}
 
 #: The check ids of ``PikkuTaskBackend.check()``.
 NOT_INSTALLED_CHECK_ID = "pikku_django.E020"
 OPTIONS_CHECK_ID = "pikku_django.E021"
 
 
-def _read_options(options: Any) -> tuple[int, int | None]:
-    """(retries, lease_ms) from a backend's OPTIONS, or InvalidArgumentError naming what is wrong."""
+def _read_options(options: Any) -> tuple[int, int, int | None]:
+    """(retries, worker_losses, lease_ms) from OPTIONS, or InvalidArgumentError naming what is wrong."""
     if not isinstance(options, dict):
         raise InvalidArgumentError(f"must be a dict, not {type(options).__name__}.")
     unknown = sorted(set(options) - set(OPTION_DEFAULTS), key=str)
@@ -49,8 +49,9 @@ def _read_options(options: Any) -> tuple[int, int | None]:
         raise InvalidArgumentError(f"unknown options {unknown}.")
     options = {**OPTION_DEFAULTS, **options}
     retries = validate.retries("retries", options["retries"])
+    worker_losses = validate.retries("worker_losses", options["worker_losses"])
     lease_ms = None if options["lease_ms"] is None else validate.positive_ms("lease_ms", options["lease_ms"])
-    return retries, lease_ms
+    return retries, worker_losses, lease_ms
 
 
 class PikkuTaskBackend(BaseTaskBackend):
@@ -60,8 +61,10 @@ class PikkuTaskBackend(BaseTaskBackend):
     task whose worker dies runs again as a new attempt, never stuck RUNNING.
     ``run_after`` and the lease are judged on the database clock.
 
-    ``OPTIONS``: ``retries`` (attempts after the first; default 0) and
-    ``lease_ms`` (the step lease; default ``PIKKU_STEP_LEASE_MS``).
+    ``OPTIONS``: ``retries`` (attempts after the first that raised; default
+    0), ``worker_losses`` (lost workers a task outlives, each followed by a
+    new attempt, before one more fails it; default 2) and ``lease_ms`` (the
+    step lease; default ``PIKKU_STEP_LEASE_MS``).
     """
 
     supports_defer = True
@@ -76,7 +79,7 @@ class PikkuTaskBackend(BaseTaskBackend):
         self.retries, self.lease_ms = OPTION_DEFAULTS["retries"], OPTION_DEFAULTS["lease_ms"]
         self.options_error: str | None = None
         try:
-            self.retries, self.lease_ms = _read_options(self.options)
+            self.retries, self.worker_losses, self.lease_ms = _read_options(self.options)
         except InvalidArgumentError as e:
             self.options_error = f"TASKS[{alias!r}]['OPTIONS']: {e}"
 
@@ -145,7 +148,12 @@ class PikkuTaskBackend(BaseTaskBackend):
         )
         # Stored now, so that a worker only claims it.
         WorkflowStep.objects.db_manager(alias).insert_pending(
-            run, TASK_STEP, task.module_path, retries=self.retries, deferred=run_after_ms is not None
+            run,
+            TASK_STEP,
+            task.module_path,
+            retries=self.retries,
+            worker_losses=self.worker_losses,
+            deferred=run_after_ms is not None,
         )
         result = build_result(task, self.alias, run, None, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)

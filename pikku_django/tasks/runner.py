@@ -13,7 +13,7 @@ from typing import Any
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
 from pikku_django.managers import serialize_error
-from pikku_django.models import WorkflowRun
+from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
     TaskContext,
     TaskError,
@@ -58,6 +58,18 @@ def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> An
         raise RaisedBaseExceptionError(error) from error
 
 
+def _last_attempt(ctx: RunContext) -> bool:
+    """
+    Would the attempt now raising spend the task's budget? Judged on its
+    step as the claim will judge it once the failure is recorded (only
+    attempts that raised count against ``retries``; a retry_workflow gives a
+    fresh budget).
+    """
+    step = WorkflowStep.objects.using(ctx.run._state.db).get(run_id=ctx.run_id, step_name=TASK_STEP)
+    step.status = "failed"
+    return step.is_exhausted
+
+
 @workflow(TASK_WORKFLOW, internal=True)
 def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     """Run the stored task once per attempt; its return value is the run's output."""
@@ -78,7 +90,7 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
         try:
             value = _call(task, result, args, kwargs)
         except Exception as error:
-            if result.attempts >= input["retries"] + 1:
+            if _last_attempt(ctx):
                 # Its last attempt: FAILED, sent from inside the except so that
                 # receivers (Django's own logs it with logger.exception) see it.
                 stored = serialize_error(error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import uuid
@@ -106,3 +107,27 @@ def exits_every_attempt(context: TaskContext[..., Any]) -> None:
 def interrupts() -> None:
     """Raises ``KeyboardInterrupt`` itself (not the worker's signal)."""
     raise KeyboardInterrupt("from the task")
+
+
+@task(backend="no_losses", takes_context=True)
+def block_without_losses(context: TaskContext[..., Any]) -> str:
+    """Blocks for good, on a backend whose tasks outlive no lost worker (worker_losses 0)."""
+    _record(context, "block")
+    while True:
+        time.sleep(0.05)
+
+
+@task(takes_context=True)
+def kill_first_worker(context: TaskContext[..., Any]) -> str:
+    """SIGKILLs its own worker on its first attempt (retries 0: only the loss budget saves it)."""
+    _record(context, f"attempt {context.attempt}")
+    if context.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "done"
+
+
+@task(takes_context=True)
+def kill_every_worker(context: TaskContext[..., Any]) -> None:
+    """SIGKILLs its own worker on every attempt."""
+    _record(context, f"attempt {context.attempt}")
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -220,3 +220,28 @@ def values(ctx: Any, input: dict[str, Any]) -> Any:
     if "output" in input:
         return input["output"] * input.get("output_repeat", 1) + ("\x00" if input.get("output_nul") else "")
     return step
+
+
+# -- retry and fork -----------------------------------------------------------------
+
+
+def fail_until_exists(run_id: str, path: str) -> str:
+    """A counted step that raises until ``path`` exists (the bug fixed, the provider back)."""
+    record_call(run_id, "fragile")
+    if not os.path.exists(path):
+        raise RuntimeError(f"{path} is missing")
+    return "fixed"
+
+
+@workflow("test.fragile")
+def fragile(ctx: Any, input: dict[str, Any]) -> Any:
+    """A counted step, then one that fails until ``input["path"]`` exists (``retries=1``)."""
+    before = ctx.step("before", plain_step, str(ctx.run_id), "before")
+    fixed = ctx.step("fragile", fail_until_exists, str(ctx.run_id), input["path"], retries=1)
+    return [before, fixed]
+
+
+@workflow("test.fragile_parent")
+def fragile_parent(ctx: Any, input: dict[str, Any]) -> Any:
+    """Runs ``test.fragile`` as a child; its failure fails this run too."""
+    return ctx.workflow("child", "test.fragile", input)

@@ -25,7 +25,8 @@ from pikku_django.sweep import SweepReport, sweep
 class Command(BaseCommand):
     help = (
         "Sweep the workflow store: fail steps whose worker vanished on their last attempt, "
-        "wake runs that need a worker, prune dead lease rows. Safe to run on many nodes at once."
+        "wake runs that need a worker, prune dead lease rows and finished runs past "
+        "PIKKU_RETENTION_MS. Safe to run on many nodes at once."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,13 @@ class Command(BaseCommand):
             type=positive_int,
             default=100,
             help="At most this many rows of each kind per pass (default: %(default)r).",
+        )
+        parser.add_argument(
+            "--prune-limit",
+            type=positive_int,
+            default=1000,
+            help="Delete at most this many finished runs past their retention per pass "
+            "(default: %(default)r).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Report what would be done; change nothing."
@@ -65,6 +73,7 @@ class Command(BaseCommand):
         verbosity: int,
         stalled_after: float | None,
         limit: int,
+        prune_limit: int,
         dry_run: bool,
         json: bool,
         loop: bool,
@@ -82,7 +91,12 @@ class Command(BaseCommand):
                 self.stdout.write(sweep_report.summary())
 
         one_pass = functools.partial(
-            sweep, stalled_after_ms=stalled_after_ms, limit=limit, dry_run=dry_run, using=database
+            sweep,
+            stalled_after_ms=stalled_after_ms,
+            limit=limit,
+            prune_limit=prune_limit,
+            dry_run=dry_run,
+            using=database,
         )
         try:
             if not loop:
