@@ -65,6 +65,11 @@ class Settings:
         """PIKKU_QUEUES: per-queue options, ``{"emails": {"concurrency": 2}}`` (checked by E007)."""
         return dict(getattr(django_settings, "PIKKU_QUEUES", {}))
 
+    @property
+    def SCHEDULES(self) -> Any:  # noqa: N802
+        """PIKKU_SCHEDULES: schedule names to entries, as the user wrote them (checked by E008–E014)."""
+        return getattr(django_settings, "PIKKU_SCHEDULES", {})
+
     def concurrency(self, queue: str) -> int | None:
         """How many runs of ``queue`` may be driven at once everywhere; None when unlimited."""
         options = self.QUEUES.get(queue)

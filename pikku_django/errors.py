@@ -172,3 +172,13 @@ class WorkflowTimeoutError(PikkuError):
             f"Workflow run {run_id} passed its deadline{after} on the database clock unfinished; "
             "it is failed and its children cancelled. Give it a longer timeout_ms if it needs one."
         )
+
+
+class ScheduleNotFoundError(InvalidArgumentError, LookupError):
+    """No schedule of PIKKU_SCHEDULES goes by this name (or it cannot be triggered)."""
+
+    def __init__(self, name: str, why: str = "no schedule has this name") -> None:
+        self.name = name
+        super().__init__(
+            f"Schedule {name!r}: {why}. `manage.py pikku_schedules` lists the schedules of PIKKU_SCHEDULES."
+        )

@@ -184,3 +184,10 @@ def no_io_step(i: int) -> int:
 def noop(ctx: Any, input: dict[str, Any]) -> int:
     """``input["steps"]`` steps whose bodies do no I/O (the throughput benchmark's workflow)."""
     return sum(ctx.step(f"s{i}", no_io_step, i) for i in range(input.get("steps", 10)))
+
+
+@workflow("test.scheduled")
+def scheduled(ctx: Any, input: Any) -> Any:
+    """Returns the instant of the schedule tick that started it (``ctx.scheduled_at``)."""
+    at = ctx.scheduled_at
+    return {"scheduled_at": None if at is None else at.isoformat(), "input": input}
