@@ -33,6 +33,27 @@ class WorkflowScheduleQuerySet(models.QuerySet["WorkflowSchedule"]):
         newest = ledger.order_by("-tick_at").values("tick_at")[:1]
         return self.annotate(last_tick_at=Subquery(newest), db_now_ms=DbNowMs())
 
+    def with_latest(self) -> WorkflowScheduleQuerySet:
+        """
+        ``with_last_tick()``, and the newest ledger row of each schedule
+        (manual or not): ``latest_tick_at``, ``latest_skipped``, ``latest_manual``,
+        ``latest_run_id``, ``latest_run_status``, ``latest_task_result_id``.
+        """
+        from pikku_django.schedule_models import WorkflowScheduleTick
+
+        newest = WorkflowScheduleTick.objects.filter(schedule=OuterRef("pk")).order_by("-tick_at")[:1]
+        columns = {
+            "tick_at": "tick_at",
+            "skipped": "skipped",
+            "manual": "manual",
+            "run_id": "run_id",
+            "run_status": "run__status",
+            "task_result_id": "task_result_id",
+        }
+        return self.with_last_tick().annotate(
+            **{f"latest_{name}": Subquery(newest.values(column)) for name, column in columns.items()}
+        )
+
     def pause(self) -> int:
         """Pause these schedules: their ticks are not recorded until resumed. Returns how many changed."""
         return self.filter(paused=False).update(paused=True, updated_at=DbNow())
