@@ -235,6 +235,8 @@ def _record_due(alias: str, pk: Any) -> list[WorkflowScheduleTick]:
             _due(schedule, after, now),
             now,
         )
+        if not plan:
+            return []  # a pass before this one recorded them
         busy = (
             schedule.overlap == Overlap.SKIP
             and any(why == "" for _, why in plan)

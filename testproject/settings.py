@@ -116,3 +116,7 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
 # Per-queue concurrency, as JSON from the environment for worker processes.
 if env.str("PIKKU_QUEUES", default=""):
     PIKKU_QUEUES = json.loads(env.str("PIKKU_QUEUES"))
+
+# Schedules, as JSON from the environment for the scheduler processes the tests start.
+if env.str("PIKKU_SCHEDULES", default=""):
+    PIKKU_SCHEDULES = json.loads(env.str("PIKKU_SCHEDULES"))

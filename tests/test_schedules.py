@@ -76,6 +76,21 @@ class SyncTests(TestCase):
         assert not WorkflowSchedule.objects.filter(name="bad").exists()
 
 
+class IdlePassTests(TestCase):
+    def test_an_idle_pass_is_one_select_whatever_the_number_of_schedules(self) -> None:
+        cron, _ = hourly_away()
+        entries = {f"s{i}": {"workflow": "test.scheduled", "cron": cron} for i in range(20)}
+        with override_settings(PIKKU_SCHEDULES=entries):
+            tick()
+            with self.assertNumQueries(1):
+                assert tick() == []
+        with override_settings(PIKKU_SCHEDULES={}):
+            with self.assertNumQueries(3):
+                tick()  # a sync: the read, one UPDATE that disables the twenty, the read again
+            with self.assertNumQueries(1):
+                tick()
+
+
 class DueTests(TestCase):
     def test_a_due_tick_starts_its_run_once(self) -> None:
         cron, past = hourly_away()
