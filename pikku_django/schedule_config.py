@@ -100,12 +100,25 @@ def _target_problems(name: str, entry: dict[str, Any]) -> list[Problem]:
     return []
 
 
+#: The longest catch_up_window_ms: 31 days.
+MAX_CATCH_UP_WINDOW_MS = 31 * 86_400_000
+
+
+def _window(value: object) -> int:
+    window = validate.positive_ms("catch_up_window_ms", value)
+    if window > MAX_CATCH_UP_WINDOW_MS:
+        raise InvalidArgumentError(
+            f"catch_up_window_ms must be at most {MAX_CATCH_UP_WINDOW_MS} (31 days), not {window}."
+        )
+    return window
+
+
 def _value_problems(name: str, entry: dict[str, Any]) -> list[Problem]:
     checks: dict[str, Callable[[Any], object]] = {
         "input": lambda v: validate.json_value("input", v),
         "queue": lambda v: validate.queue_name("queue", v),
         "priority": lambda v: validate.priority("priority", v),
-        "catch_up_window_ms": lambda v: validate.positive_ms("catch_up_window_ms", v),
+        "catch_up_window_ms": _window,
     }
     problems: list[Problem] = []
     for key, check in checks.items():

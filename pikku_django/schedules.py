@@ -38,6 +38,10 @@ LATE_MS = 60_000
 #: Missed ticks are recorded one by one this far back (or catch_up_window_ms,
 #: if longer); older ones are passed over, the newest recorded tick standing for them.
 HORIZON_MS = 86_400_000
+#: A pass records at most this many ticks of one schedule, oldest first (the
+#: next pass goes on from the newest it recorded), so that catching up after
+#: a long downtime is many short transactions rather than one long one.
+MAX_TICKS_PER_PASS = 1000
 
 #: Per database alias: the fingerprint of the setting this process last synced.
 _synced: dict[str, str] = {}
@@ -194,7 +198,7 @@ def _due(schedule: WorkflowSchedule, after: int, now: int) -> list[int]:
     """The ticks in (after, now], the last day's (or window's) of them one by one."""
     horizon = max(HORIZON_MS, schedule.catch_up_window_ms if schedule.catch_up == CatchUp.ALL else 0)
     start = max(after, now - horizon)
-    found: deque[int] = deque(maxlen=100_000)
+    found: deque[int] = deque()
     at = cron.next_after_ms(schedule.cron, schedule.timezone, start)
     while at <= now:
         found.append(at)
@@ -243,7 +247,7 @@ def _record_due(alias: str, pk: Any) -> list[WorkflowScheduleTick]:
             and _has_unfinished(alias, schedule)
         )
         rows = []
-        for at, why in plan:
+        for at, why in plan[:MAX_TICKS_PER_PASS]:
             if why == "" and busy:
                 why = Skipped.OVERLAP.value
             row = WorkflowScheduleTick(schedule=schedule, tick_at=at, skipped=why, created_at=DbNow())
@@ -369,6 +373,7 @@ def scheduled_at(run: WorkflowRun, *, using: str | None = None) -> datetime.date
 __all__ = [
     "HORIZON_MS",
     "LATE_MS",
+    "MAX_TICKS_PER_PASS",
     "idempotency_key",
     "next_tick_at",
     "pause",

@@ -75,6 +75,7 @@ class CheckTests(SimpleTestCase):
             ({"a": {**GOOD, "catch_up": "some"}}, "pikku_django.E014"),
             ({"a": {**GOOD, "overlap": "queue"}}, "pikku_django.E014"),
             ({"a": {**GOOD, "catch_up_window_ms": 0}}, "pikku_django.E014"),
+            ({"a": {**GOOD, "catch_up_window_ms": 32 * 86_400_000}}, "pikku_django.E014"),
             ({"a": {**GOOD, "priority": "high"}}, "pikku_django.E014"),
             ({"a": {**GOOD, "queue": ""}}, "pikku_django.E014"),
             ({"a": {**GOOD, "input": {1, 2}}}, "pikku_django.E014"),

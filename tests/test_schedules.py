@@ -188,6 +188,19 @@ class CatchUpTests(TestCase):
         assert {skipped for _, skipped, _ in got} == {"catch_up"}
         assert not WorkflowRun.objects.exists()
 
+    def test_a_long_downtime_is_caught_up_in_passes_of_bounded_size(self) -> None:
+        now = db_now_ms()
+        with override_settings(PIKKU_SCHEDULES=every("* * * * *", catch_up="none")):
+            tick()
+            age("report", now // MINUTE_MS * MINUTE_MS - 20 * HOUR_MS)
+            first = tick()
+            assert len(first) == schedules.MAX_TICKS_PER_PASS
+            second = tick()
+        assert first[-1].tick_at + MINUTE_MS == second[0].tick_at
+        assert len(first) + len(second) >= 20 * 60
+        assert {row.skipped for row in first} == {"catch_up"}
+        assert second[-1].tick_at >= now // MINUTE_MS * MINUTE_MS
+
 
 class OverlapTests(TestCase):
     def test_skip_while_a_run_is_unfinished(self) -> None:
