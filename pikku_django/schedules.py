@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -43,9 +44,16 @@ HORIZON_MS = 86_400_000
 #: a long downtime is many short transactions rather than one long one.
 MAX_TICKS_PER_PASS = 1000
 
+#: How long this process leaves a schedule alone after its ticks could not
+#: be recorded (a task that no longer imports, an input too large), so that
+#: a broken schedule is logged twice a minute, not on every pass.
+FAILURE_PAUSE_S = 30.0
+
 #: Per database alias: the fingerprint of the setting this process last synced.
 _synced: dict[str, str] = {}
 _logged: set[str] = set()
+#: Per (alias, schedule id): the monotonic time before which this process does not try it again.
+_failing: dict[tuple[str, Any], float] = {}
 
 
 @receiver(setting_changed)
@@ -53,6 +61,7 @@ def _forget_sync(*, setting: str, **kwargs: Any) -> None:
     if setting == "PIKKU_SCHEDULES":
         _synced.clear()
         _logged.clear()
+        _failing.clear()
 
 
 def _alias(using: str | None) -> str:
@@ -180,6 +189,8 @@ def tick(using: str | None = None) -> list[WorkflowScheduleTick]:
     for row in rows:
         if not row.enabled or row.paused or next_tick_at(row) > _annotated(row, "db_now_ms"):
             continue
+        if _failing.get((alias, row.pk), 0.0) > time.monotonic():
+            continue
         try:
             recorded += _record_due(alias, row.pk)
         except OUTAGE_ERRORS:
@@ -188,9 +199,14 @@ def tick(using: str | None = None) -> list[WorkflowScheduleTick]:
             # Another pass recorded these ticks first; ours rolled back whole.
             logger.debug("Schedule %r: another pass recorded its due ticks first.", row.name)
         except Exception:
+            _failing[(alias, row.pk)] = time.monotonic() + FAILURE_PAUSE_S
             logger.exception(
-                "Schedule %r: its due ticks could not be recorded; trying again next pass.", row.name
+                "Schedule %r: its due ticks could not be recorded; this process tries again in %g s.",
+                row.name,
+                FAILURE_PAUSE_S,
             )
+        else:
+            _failing.pop((alias, row.pk), None)
     return recorded
 
 

@@ -142,6 +142,23 @@ class DueTests(TestCase):
         assert by_tick[minute] == ""
         assert all(skipped == "" for at, skipped in by_tick.items() if at > minute)
 
+    def test_a_schedule_that_cannot_start_is_left_alone_for_a_while(self) -> None:
+        cron, past = hourly_away()
+        setting = {
+            "adder": {"task": "testproject.testing.tasks.add", "cron": cron, "input": {"a": 1, "b": 2}}
+        }
+        with override_settings(PIKKU_SCHEDULES=setting):
+            tick()
+            age("adder", past - HOUR_MS)
+            # The stored path no longer names a task (a deploy removed it, say).
+            WorkflowSchedule.objects.filter(name="adder").update(task="testproject.testing.tasks.gone")
+            with self.assertLogs("pikku_django.schedules", "ERROR") as logs:
+                assert tick() == []
+            assert "Schedule 'adder'" in logs.output[0] and "tries again in 30 s" in logs.output[0]
+            with self.assertNumQueries(1):
+                assert tick() == []
+        assert len(ledger("adder")) == 1
+
     def test_pruned_runs_do_not_run_again(self) -> None:
         cron, past = hourly_away()
         with override_settings(PIKKU_SCHEDULES=every(cron)):
