@@ -7,14 +7,21 @@ setting, and one ``WorkflowScheduleTick`` per tick it recorded.
 from __future__ import annotations
 
 import datetime
+import time
 
 from django.db import models
+from django.utils.timezone import now as django_now
 
 from pikku_django.managers.schedules import WorkflowScheduleManager, WorkflowScheduleTickManager
 from pikku_django.models import ExactCharField, WorkflowRun
 
 #: Schedule names are at most this long, so ``schedule:<name>:<tick_at>`` fits an idempotency key.
 MAX_SCHEDULE_NAME_LENGTH = 200
+
+
+def _process_now_ms() -> int:
+    """A fallback for rows made by hand: the sync and the scheduler write the database clock's now."""
+    return int(time.time() * 1000)
 
 
 class CatchUp(models.TextChoices):
@@ -55,8 +62,9 @@ class WorkflowSchedule(models.Model):
     paused = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
     start_after = models.BigIntegerField(
+        default=_process_now_ms,
         help_text="Epoch ms on the database clock when the schedule was first synced: "
-        "until it records a tick, its first tick is the first after this."
+        "until it records a tick, its first tick is the first after this.",
     )
     resumed_at = models.BigIntegerField(
         null=True,
@@ -64,8 +72,8 @@ class WorkflowSchedule(models.Model):
         help_text="Epoch ms on the database clock of its last resume, return to the setting, or change "
         "of cron or time zone: no tick at or before it runs.",
     )
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=django_now)
+    updated_at = models.DateTimeField(default=django_now)
 
     objects = WorkflowScheduleManager()
 
@@ -112,7 +120,7 @@ class WorkflowScheduleTick(models.Model):
     )
     skipped = models.CharField(max_length=16, choices=Skipped.choices, blank=True, default=Skipped.NO)
     manual = models.BooleanField(default=False, help_text="Triggered by hand, not by the cron.")
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=django_now)
 
     objects = WorkflowScheduleTickManager()
 

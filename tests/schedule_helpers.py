@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from pikku_django.models import Lease, WorkflowSchedule, WorkflowScheduleTick
@@ -31,12 +30,7 @@ def hourly_away(minutes_ahead: int = 30) -> tuple[str, int]:
 def age(name: str, last_tick_at: int, **fields: Any) -> WorkflowSchedule:
     """Record a cron tick of schedule ``name`` at ``last_tick_at``: its missed ticks are those after it."""
     schedule = WorkflowSchedule.objects.get(name=name)
-    WorkflowScheduleTick.objects.create(
-        schedule=schedule,
-        tick_at=last_tick_at,
-        created_at=datetime.datetime.now(datetime.timezone.utc),
-        **fields,
-    )
+    WorkflowScheduleTick.objects.create(schedule=schedule, tick_at=last_tick_at, **fields)
     return schedule
 
 

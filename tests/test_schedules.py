@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+from unittest import skipUnless
 
 import pytest
+from django.db import connection
 from django.test import TestCase, override_settings
 
 from pikku_django import schedules
@@ -89,6 +91,28 @@ class IdlePassTests(TestCase):
                 tick()  # a sync: the read, one UPDATE that disables the twenty, the read again
             with self.assertNumQueries(1):
                 tick()
+
+    @skipUnless(connection.vendor == "postgresql", "EXPLAIN output is PostgreSQL's")
+    def test_the_idle_read_probes_the_ledger_by_its_unique_index(self) -> None:
+        cron, past = hourly_away()
+        with override_settings(PIKKU_SCHEDULES=every(cron)):
+            tick()
+            age("report", past)
+            captured: list[tuple[str, object]] = []
+
+            def capture(execute, text, params, many, context):  # type: ignore[no-untyped-def]
+                captured.append((text, params))
+                return execute(text, params, many, context)
+
+            with connection.execute_wrapper(capture):
+                tick()
+        ((text, params),) = captured
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + text, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "pikku_tick_schedule_at_uniq" in plan, plan
+        assert "Seq Scan on pikku_schedule_tick" not in plan, plan
 
 
 class DueTests(TestCase):
