@@ -37,7 +37,7 @@ FIELDS = (
     ("month", 1, 12, MONTHS),
     ("day-of-week", 0, 7, DAYS),
 )
-#: The longest month of each month (February: 29, in leap years).
+#: The most days each month can have (February: 29, in leap years).
 LONGEST = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 #: No expression that matches at all goes longer than this without matching
 #: (February 29th skips 2100: eight years).
@@ -104,7 +104,7 @@ class Cron:
 def _number(field: str, text: str, names: list[str] | None) -> int:
     if names is not None and text.upper() in names:
         return names.index(text.upper()) + (1 if names is MONTHS else 0)
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise InvalidArgumentError(f"cron's {field} field has {text!r}, which is not a number.")
     return int(text)
 
@@ -116,7 +116,7 @@ def _field(index: int, text: str) -> set[int]:
         base, slash, step_text = part.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not (step_text.isascii() and step_text.isdigit()) or int(step_text) == 0:
                 raise InvalidArgumentError(f"cron's {field} field has a bad step in {part!r}.")
             step = int(step_text)
         if base == "*":

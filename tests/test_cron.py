@@ -150,6 +150,7 @@ class RefusalTests(SimpleTestCase):
             ("*/0 * * * *", "step"),
             ("5-1 * * * *", "backwards"),
             ("a * * * *", "not a number"),
+            ("\u00b2 * * * *", "not a number"),
             ("0 0 30 2 *", "none of its months"),
             ("@reboot", "fields"),
         ]:
