@@ -158,6 +158,19 @@ def check_retention(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
     return errors
 
 
+@register(Tags.compatibility)
+def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each PIKKU_SCHEDULES entry: one known target, a cron and a time zone that parse, known keys."""
+    from pikku_django.schedule_config import read
+
+    _, bad = read()
+    return [
+        Error(message, hint=hint, id=check_id)
+        for problems in bad.values()
+        for check_id, message, hint in problems
+    ]
+
+
 @register(Tags.database)
 def check_mysql_found_rows(
     app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any

@@ -87,6 +87,11 @@ class Settings:
         """PIKKU_RETENTION_MS over its defaults: how long each finished status is kept (checked by E011)."""
         return {**RETENTION_DEFAULTS, **dict(getattr(django_settings, "PIKKU_RETENTION_MS", {}))}
 
+    @property
+    def SCHEDULES(self) -> Any:  # noqa: N802
+        """PIKKU_SCHEDULES: schedule names to entries, as the user wrote them (checked by E030–E035)."""
+        return getattr(django_settings, "PIKKU_SCHEDULES", {})
+
     def concurrency(self, queue: str) -> int | None:
         """How many runs of ``queue`` may be driven at once everywhere; None when unlimited."""
         options = self.QUEUES.get(queue)

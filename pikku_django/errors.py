@@ -258,3 +258,24 @@ class DatabaseUnavailableError(PikkuError):
     def __init__(self, seconds: float, cause: BaseException) -> None:
         super().__init__(f"The database has been unreachable for {seconds:.0f} s ({cause}); giving up.")
         self.cause = cause
+
+
+class ScheduleNotFoundError(InvalidArgumentError, LookupError):
+    """No schedule of PIKKU_SCHEDULES goes by this name (or it cannot be triggered)."""
+
+    def __init__(self, name: str, why: str = "no schedule has this name") -> None:
+        self.name = name
+        super().__init__(
+            f"Schedule {name!r}: {why}. `manage.py pikku_schedules` lists the schedules of PIKKU_SCHEDULES."
+        )
+
+
+class WorkerNameTakenError(PikkuError):
+    """Another live worker runs under this name."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(
+            f"Another live worker is named {holder!r}: give each worker its own --holder "
+            "(or leave it out for a unique default)."
+        )
+        self.holder = holder

@@ -334,3 +334,11 @@ class WorkflowSignal(models.Model):
 
     def __str__(self) -> str:
         return f"signal {self.name!r} to {self.run_id}"
+
+
+# Schedules and their ledger live in a module of their own; they are models of this app.
+from pikku_django.schedule_models import CatchUp as CatchUp  # noqa: E402
+from pikku_django.schedule_models import Overlap as Overlap  # noqa: E402
+from pikku_django.schedule_models import Skipped as Skipped  # noqa: E402
+from pikku_django.schedule_models import WorkflowSchedule as WorkflowSchedule  # noqa: E402
+from pikku_django.schedule_models import WorkflowScheduleTick as WorkflowScheduleTick  # noqa: E402

@@ -6,7 +6,6 @@ scheduler and (on PostgreSQL) the wake-up listener, each a ``Poller``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import signal
 import threading
@@ -26,8 +25,8 @@ from pikku_django.errors import (
     InvalidArgumentError,
     LeaseLostError,
     LeaseTakenError,
-    PikkuError,
     WorkerAbortedError,
+    WorkerNameTakenError,
 )
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
@@ -37,6 +36,8 @@ from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, is_schema_error
 from pikku_django.queues import queue_slot
+from pikku_django.schedules import tick
+from pikku_django.worker_loops import SchedulerLoop, SweepLoop
 from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
@@ -45,17 +46,6 @@ __all__ = ["Lane", "Worker", "WorkerNameTakenError", "refresh_connections"]
 
 #: The lease that makes a worker's name its own while it runs.
 WORKER_LEASE_PREFIX = "worker:"
-
-
-class WorkerNameTakenError(PikkuError):
-    """Another live worker runs under this name."""
-
-    def __init__(self, holder: str) -> None:
-        super().__init__(
-            f"Another live worker is named {holder!r}: give each worker its own --holder "
-            "(or leave it out for a unique default)."
-        )
-        self.holder = holder
 
 
 class Lane(Poller):
@@ -88,39 +78,6 @@ class Lane(Poller):
         # The worker's own thread keeps its connections (a caller's, in tests).
         if threading.current_thread() is not self.worker.thread:
             super().teardown()
-
-
-class SweepLoop(Poller):
-    """The worker's sweep: one ``sweep()`` pass every ``--sweep-interval`` seconds."""
-
-    wakes = False
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__("pikku-sweep", stop=worker.stopping, interval=worker.sweep_interval)
-        self.using = worker.using
-
-    def poll(self) -> bool:
-        from pikku_django.sweep import sweep
-
-        report = sweep(using=self.using)
-        logger.debug("Sweep: %s", report.summary())
-        return False
-
-
-class SchedulerLoop(Poller):
-    """The worker's scheduler: one ``schedules.tick()`` a second (safe on every worker at once)."""
-
-    wakes = False
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__("pikku-scheduler", stop=worker.stopping, interval=1.0)
-        self.using = worker.using
-
-    def poll(self) -> bool:
-        from pikku_django.schedules import tick  # type: ignore[import-not-found, unused-ignore]
-
-        tick(using=self.using)
-        return False
 
 
 class Worker:
@@ -159,9 +116,10 @@ class Worker:
         self.max_runs = max_runs
         # Every read here decides a write: the router's write database.
         self.using = write_alias(WorkflowRun, using)
-        # --once drives what is due and exits: no sweep, schedules or listener beside it.
+        # --once drives what is due and exits: no sweep or listener beside it,
+        # and one scheduler pass before its lanes look.
         self.sweep_interval = None if once else sweep_interval
-        self.schedules = schedules and not once
+        self.schedules = schedules
         self.stopping = threading.Event()
         self.passes = 0
         self.thread: threading.Thread | None = None
@@ -209,7 +167,7 @@ class Worker:
         beside: list[Poller] = []
         if self.sweep_interval is not None:
             beside.append(SweepLoop(self))
-        if self.schedules and importlib.util.find_spec("pikku_django.schedules") is not None:
+        if self.schedules and not self.once:
             beside.append(SchedulerLoop(self))
         if not self.once and carries_notifications(self.using):
             beside.append(Listener(self.using, stop=self.stopping))
@@ -263,6 +221,18 @@ class Worker:
     def _run(self) -> None:
         logger.info("Worker %s started with %s lane(s).", self.holder, self.concurrency)
         lanes = self.lanes = [Lane(self, index) for index in range(self.concurrency)]
+        if self.once and self.schedules:
+            # The ticks due now start their runs before the lanes look.
+            try:
+                tick(using=self.using)
+            except DatabaseError as error:
+                if is_schema_error(error):
+                    raise DatabaseNotMigratedError(error) from error
+                if not isinstance(error, OUTAGE_ERRORS):
+                    raise
+                logger.warning(
+                    "Worker %s: no scheduler pass, the database is unavailable (%s).", self.holder, error
+                )
         beside = self.loops()
         try:
             for loop in beside:

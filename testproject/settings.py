@@ -130,3 +130,7 @@ if env.str("PIKKU_TASK_OPTIONS", default="") and "TASKS" in globals():
 # Per-queue concurrency, as JSON from the environment for worker processes.
 if env.str("PIKKU_QUEUES", default=""):
     PIKKU_QUEUES = json.loads(env.str("PIKKU_QUEUES"))
+
+# Schedules, as JSON from the environment for the scheduler processes the tests start.
+if env.str("PIKKU_SCHEDULES", default=""):
+    PIKKU_SCHEDULES = json.loads(env.str("PIKKU_SCHEDULES"))

@@ -1,4 +1,4 @@
-"""Read-only admin for leases and for workflow runs, steps and attempts."""
+"""Read-only admin for leases, for workflow runs, steps and attempts, and for schedules."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pikku_django.admin.base import (
 )
 from pikku_django.admin.leases import LeaseAdmin, LeaseStateFilter
 from pikku_django.admin.runs import WorkflowRunAdmin, step_counts
+from pikku_django.admin.schedules import WorkflowScheduleAdmin, WorkflowScheduleTickAdmin
 from pikku_django.admin.steps import (
     StepColumns,
     WorkflowStepAdmin,
@@ -30,6 +31,8 @@ __all__ = [
     "ReadOnlyTabularInline",
     "StepColumns",
     "WorkflowRunAdmin",
+    "WorkflowScheduleAdmin",
+    "WorkflowScheduleTickAdmin",
     "WorkflowSignalInline",
     "WorkflowStepAdmin",
     "WorkflowStepAttemptInline",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import json
 import logging
@@ -286,3 +287,13 @@ class RunContext(WaitsMixin):
                 "Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt
             )
             raise Stop("superseded") from None
+
+    @property
+    def scheduled_at(self) -> datetime.datetime | None:
+        """
+        The instant (an aware UTC ``datetime``) of the schedule tick that
+        started this run, or None for a run no schedule started.
+        """
+        from pikku_django.schedules import scheduled_at
+
+        return scheduled_at(self.run, using=self._using)  # type: ignore[no-any-return, unused-ignore]

@@ -245,3 +245,10 @@ def fragile(ctx: Any, input: dict[str, Any]) -> Any:
 def fragile_parent(ctx: Any, input: dict[str, Any]) -> Any:
     """Runs ``test.fragile`` as a child; its failure fails this run too."""
     return ctx.workflow("child", "test.fragile", input)
+
+
+@workflow("test.scheduled")
+def scheduled(ctx: Any, input: Any) -> Any:
+    """Returns the instant of the schedule tick that started it (``ctx.scheduled_at``)."""
+    at = ctx.scheduled_at
+    return {"scheduled_at": None if at is None else at.isoformat(), "input": input}
