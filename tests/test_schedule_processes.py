@@ -22,7 +22,7 @@ from django.test import override_settings
 from pikku_django.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleTick
 from pikku_django.schedules import tick
 from pikku_django.tasks.compat import TaskResultStatus, task_backends
-from tests.conftest import read_line, send_line, start_script, subprocess_env
+from tests.conftest import poll_until, read_line, send_line, start_script, subprocess_env
 from tests.processes import ProcessTestCase
 from tests.schedule_helpers import HOUR_MS, MINUTE_MS, age, db_now_ms, hourly_away
 
@@ -202,3 +202,28 @@ class ScheduledTaskTests(ProcessTestCase):
         assert code == 0, self.log(proc)
         result = task_backends["default"].get_result(row.task_result_id)
         assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+
+
+class WorkerSchedulerTests(TickerTestCase):
+    def test_workers_killed_while_they_schedule_leave_each_tick_once(self) -> None:
+        setting = minutes("in-workers", catch_up="all")
+        with override_settings(PIKKU_SCHEDULES=setting):
+            tick()
+        last = db_now_ms() // MINUTE_MS * MINUTE_MS - 30 * MINUTE_MS
+        age("in-workers", last)
+        env = subprocess_env(PIKKU_SCHEDULES=json.dumps(setting))
+        workers = [
+            self.worker(f"sched-{i}", "--concurrency", "2", "--interval", "0.05", env=env) for i in range(4)
+        ]
+        # Two die as soon as anything is recorded, wherever they are in their passes.
+        poll_until(lambda: WorkflowScheduleTick.objects.filter(schedule__name="in-workers").count() > 1, 60)
+        for victim in workers[:2]:
+            victim.send_signal(signal.SIGKILL)
+            assert victim.wait(timeout=10) == -signal.SIGKILL
+        for i, survivor in enumerate(workers[2:], start=2):
+            self.stop(survivor, f"sched-{i}")
+        # A clean worker records whatever is left (its --once makes one scheduler pass).
+        once = self.command("pikku_worker", "--once", "--holder", "sched-last", env=env)
+        assert self.exits(once, timeout=60)[0] == 0, self.log(once)
+        rows = self.assert_ledger("in-workers", last)
+        assert len(rows) >= 30 and all(row.skipped == "" for row in rows)

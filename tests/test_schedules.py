@@ -7,12 +7,14 @@ from unittest import skipUnless
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test import TestCase, override_settings
 
 from pikku_django import schedules
 from pikku_django.errors import InvalidArgumentError, ScheduleNotFoundError
 from pikku_django.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleTick
 from pikku_django.schedules import tick
+from pikku_django.sweep import sweep
 from pikku_django.workflows import run_workflow
 from tests.schedule_helpers import HOUR_MS, MINUTE_MS, age, db_now_ms, hourly_away, ledger
 
@@ -150,6 +152,24 @@ class DueTests(TestCase):
         run_workflow(plain.pk)
         plain.refresh_from_db()
         assert plain.output["scheduled_at"] is None
+
+    def test_the_sweep_pruning_a_ticks_run_never_runs_the_tick_again(self) -> None:
+        cron, past = hourly_away()
+        with override_settings(PIKKU_SCHEDULES=every(cron), PIKKU_RETENTION_MS={"completed": 1}):
+            tick()
+            age("report", past - HOUR_MS)
+            (row,) = tick()
+            run_workflow(row.run_id)
+            WorkflowRun.objects.filter(pk=row.run_id).update(
+                updated_at=F("updated_at") - datetime.timedelta(hours=1)
+            )
+            assert sweep().pruned_runs == 1
+            assert not WorkflowRun.objects.filter(pk=row.run_id).exists()
+            # The ledger row stays (its run gone), and the tick is never due again.
+            assert tick() == []
+        row.refresh_from_db()
+        assert (row.run_id, row.skipped) == (None, "")
+        assert not WorkflowRun.objects.filter(idempotency_key=f"schedule:report:{past}").exists()
 
     def test_a_tick_seen_within_a_minute_simply_runs(self) -> None:
         now = db_now_ms()
