@@ -7,6 +7,7 @@ exiting.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from django.db import InterfaceError, OperationalError, connections
@@ -56,11 +57,16 @@ def drop_connections() -> None:
 
 class Outage:
     """
-    One loop's view of the database's availability: the first failure of an
-    outage is logged (once), each failure returns how long to wait before
-    trying again (0.1 s doubling to 5 s), and the first success after an
-    outage logs how long it lasted.
+    One loop's view of the database's availability: each failure returns how
+    long to wait before trying again (0.1 s doubling to 5 s). The outage is
+    logged once per process, however many loops (lanes, the sweep, the
+    listener...) meet it: by the first loop that fails, and its end by the
+    first loop that gets through again, with how long it lasted.
     """
+
+    #: When this process's outage began, as the first loop to fail saw it.
+    _process_started: float | None = None
+    _lock = threading.Lock()
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -74,7 +80,7 @@ class Outage:
 
     @property
     def lasted(self) -> float:
-        """Seconds since the outage began (0 when there is none)."""
+        """Seconds since this loop first failed (0 when there is no outage)."""
         return 0.0 if self.started is None else time.monotonic() - self.started
 
     def failed(self, error: BaseException) -> float:
@@ -82,7 +88,12 @@ class Outage:
         if self.started is None:
             self.started = time.monotonic()
             self._delay = FIRST_DELAY
-            logger.warning(
+            with Outage._lock:
+                first = Outage._process_started is None
+                if first:
+                    Outage._process_started = self.started
+            log = logger.warning if first else logger.debug
+            log(
                 "%s: the database is unavailable (%s: %s); retrying with a back-off of up to %g s.",
                 self.name,
                 type(error).__name__,
@@ -99,10 +110,13 @@ class Outage:
         """Note a success; ends the outage, if there was one."""
         if self.started is None:
             return
-        logger.warning(
+        with Outage._lock:
+            began, Outage._process_started = Outage._process_started, None
+        log = logger.warning if began is not None else logger.debug
+        log(
             "%s: the database is back after %.1f s (%s failed tries).",
             self.name,
-            time.monotonic() - self.started,
+            time.monotonic() - (began if began is not None else self.started),
             self.failures,
         )
         self.started = None

@@ -59,7 +59,8 @@ class DueLaterProcessTests(ProcessTestCase):
         later = datetime.datetime.fromtimestamp((now_ms() + HOUR_MS) / 1000, tz=datetime.timezone.utc)
         result = tasks.note.using(run_after=later).enqueue("deferred")
         run = WorkflowRun.objects.get(pk=result.id)
-        assert WorkflowStep.objects.get(run=run).status == "pending"
+        # Stored scheduled (in flight, as a sleep is), due at run_after.
+        assert WorkflowStep.objects.get(run=run).status == "scheduled"
         age_rows(run)
 
         self.assert_nothing_woken(self.sweep_then_worker(run))
