@@ -111,3 +111,21 @@ class DatabaseRestartTests(ProcessTestCase):
             f"{done_s:.1f} s after it was back; {retried} step attempts retried; "
             f"{passes} worker passes; {len(reports)} sweep passes"
         )
+
+    def test_a_database_stopped_under_a_step_never_reaches_the_workflows_except(self) -> None:
+        env = subprocess_env(PIKKU_LEASE_TTL_MS="2000", PIKKU_STEP_LEASE_MS="2000")
+        release, back = self.tmp / "release", self.tmp / "back"
+        run = start_workflow("test.catches_around", {"release": str(release), "back": str(back)})
+        worker = self.worker("worker-catches", "--interval", "0.1", env=env)
+        poll_until(lambda: StepCall.objects.filter(run_id=run.pk).exists(), timeout=60, interval=0.02)
+        with server_down():
+            # The step returns while the database is down: recording it fails.
+            release.touch()
+            self.wait_for_log(worker, UNAVAILABLE)
+        # Were the failure the workflow's to catch, it would now take its
+        # "not charged" branch with the database back.
+        back.touch()
+        poll_until(lambda: WorkflowRun.objects.get(pk=run.pk).status != "running", timeout=60, interval=0.1)
+        self.stop(worker, "worker-catches")
+        done = WorkflowRun.objects.get(pk=run.pk)
+        assert (done.status, done.output) == ("completed", "charged"), self.log(worker)

@@ -231,6 +231,19 @@ class PreparedStatementTests(TransactionTestCase):
         self.drive(alias)
         assert self.prepared(alias) == []
 
+    def test_statements_a_pooler_dropped_run_again_unprepared(self) -> None:
+        alias = self.alias("pooled")
+        self.drive(alias)
+        assert self.prepared(alias)
+        # What a transaction-mode pooler does to a session's prepared
+        # statements when it hands the client another server session.
+        with connections[alias].cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        self.drive(alias)
+        # The hot statements went unprepared from then on, and nothing failed.
+        assert self.prepared(alias) == []
+        assert connections[alias].connection._pikku_unprepared is True
+
     def test_server_side_binding(self) -> None:
         alias = self.alias("ssb", server_side_binding=True)
         self.drive(alias)

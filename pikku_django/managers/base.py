@@ -155,20 +155,33 @@ _NEVER_BY_COUNT = 2**62
 @functools.cache
 def _preparing_cursor_class() -> type[Any]:
     import psycopg
+    import psycopg.errors
+    import psycopg.pq
 
     class PreparingCursor(psycopg.Cursor):
         """Binds on the server and prepares every statement it runs, once per connection."""
 
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            conn = self.connection
+            if getattr(conn, "_pikku_unprepared", False):
+                return super().execute(query, params, prepare=False, **kwargs)
             # Django opens connections with prepare_threshold=None, which turns
             # psycopg's preparing off for every cursor; lift it for this one
             # statement only, so Django's own statements stay unprepared.
-            conn = self.connection
             threshold = conn.prepare_threshold
             if threshold is None:
                 conn.prepare_threshold = _NEVER_BY_COUNT
             try:
                 return super().execute(query, params, prepare=True, **kwargs)
+            except (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement):
+                # Behind a transaction-mode pooler (PgBouncer without
+                # max_prepared_statements) the server session that knew the
+                # statement is gone. Outside a transaction nothing was done:
+                # run it unprepared, and never prepare on this connection again.
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raise
+                conn._pikku_unprepared = True  # type: ignore[attr-defined]
+                return super().execute(query, params, prepare=False, **kwargs)
             finally:
                 conn.prepare_threshold = threshold
                 # What Django's query log shows (it reads ``_query``, which

@@ -252,3 +252,20 @@ def scheduled(ctx: Any, input: Any) -> Any:
     """Returns the instant of the schedule tick that started it (``ctx.scheduled_at``)."""
     at = ctx.scheduled_at
     return {"scheduled_at": None if at is None else at.isoformat(), "input": input}
+
+
+@workflow("test.catches_around")
+def catches_around(ctx: Any, input: dict[str, Any]) -> Any:
+    """
+    Catches ``Exception`` around a step, as workflows written for
+    ``StepFailedError`` do; its except branch waits for ``input["back"]``
+    (the database is up again) before it takes the "not charged" branch.
+    """
+    try:
+        ctx.step("charge", wait_for_release, str(ctx.run_id), input["release"], retries=1)
+    except Exception:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(input["back"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "not charged"
+    return "charged"
