@@ -71,6 +71,13 @@ class Signals:
 
 
 class EnqueueTests(TransactionTestCase):
+    def test_a_coroutine_task_runs_in_a_lane(self) -> None:
+        result = tasks.add_later.enqueue(2, 3)
+        assert result.status == TaskResultStatus.READY
+        assert drain() == 1
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+
     def test_backend_and_features(self) -> None:
         backend = task_backends["default"]
         assert isinstance(backend, PikkuTaskBackend)

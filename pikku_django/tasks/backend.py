@@ -70,7 +70,8 @@ class PikkuTaskBackend(BaseTaskBackend):
     supports_defer = True
     supports_priority = True
     supports_get_result = True
-    supports_async_task = False
+    # A coroutine task runs in its lane (Task.call drives it), its lease renewed while it awaits.
+    supports_async_task = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -22,6 +23,13 @@ def _record(context: TaskContext[..., Any], label: str) -> None:
 
 @task()
 def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+async def add_later(a: int, b: int) -> int:
+    """A coroutine task: awaits, then adds."""
+    await asyncio.sleep(0.01)
     return a + b
 
 
