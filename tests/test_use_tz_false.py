@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
+from django.db.models import F
 from django.test import TransactionTestCase, override_settings
 
 from pikku_django.models import Lease, WorkflowRun
@@ -51,3 +53,20 @@ class NaiveDatetimeTests(TransactionTestCase):
         assert sweep().woken_runs == 0
         send_signal(run.pk, "go", 1)
         assert WorkflowRun.objects.get(pk=run.pk).wake_at == nap.data["wake_at"]
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="America/New_York")
+class NaiveAdminTests(TransactionTestCase):
+    def test_a_runs_age_in_the_admin_is_judged_on_the_database_clock(self) -> None:
+        from django.contrib.admin.sites import site
+        from django.test import RequestFactory
+
+        run = start_workflow("naive.retry_later", {"key": "b", "delay": 1, "nap": 1})
+        # Two minutes old, moved in SQL (no zone involved).
+        WorkflowRun.objects.filter(pk=run.pk).update(
+            created_at=F("created_at") - datetime.timedelta(minutes=2)
+        )
+        admin = site._registry[WorkflowRun]
+        shown = admin.get_queryset(RequestFactory().get("/")).get(pk=run.pk)
+        # Two minutes, not two minutes off by the five hours between New York and UTC.
+        assert admin.age(shown).startswith("2 min"), admin.age(shown)

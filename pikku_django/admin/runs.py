@@ -30,7 +30,7 @@ from pikku_django.admin.operate import (
 from pikku_django.admin.steps import WorkflowStepInline
 from pikku_django.admin.timeline import run_timeline
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
-from pikku_django.clock import DbNowMs
+from pikku_django.clock import DbNowMs, EpochMs
 from pikku_django.managers import WorkflowRunQuerySet
 from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
 
@@ -114,6 +114,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         runs: QuerySet[WorkflowRun] = super().get_queryset(request)
         return runs.annotate(
             db_now_ms=DbNowMs(),
+            created_ms=EpochMs("created_at"),
             steps_total=step_counts(),
             steps_done=step_counts(StepStatus.SUCCEEDED),
             **waiting_annotations(),
@@ -134,8 +135,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: WorkflowRun) -> str:
-        elapsed = timezone.now() - obj.created_at
-        return format_ms(max(0, int(elapsed.total_seconds() * 1000)))
+        # In epoch ms on the database clock, so USE_TZ = False reads right too.
+        created = getattr(obj, "created_ms", None)
+        if created is None:
+            return format_ms(max(0, int((timezone.now() - obj.created_at).total_seconds() * 1000)))
+        return format_ms(max(0, db_now_ms(obj) - int(created)))
 
     @admin.display(description="wake", ordering="wake_at")
     def wake_display(self, obj: WorkflowRun) -> str:
