@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError
 
 from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError, WorkerAbortedError
@@ -14,6 +15,10 @@ from pikku_django.worker import Worker, WorkerNameTakenError
 
 
 class Command(BaseCommand):
+    # The settings' checks, not the model checks: those may open a database
+    # connection (Django 6 probes SQLite's JSON support), and a worker started
+    # while the database is out of reach waits for it instead of failing at once.
+    requires_system_checks = [Tags.compatibility]
     help = (
         "Drive workflow runs that are due on several lanes, sweep and fire schedules, until "
         "stopped. SIGTERM or SIGINT finishes the steps in hand and exits 0; a second signal "
