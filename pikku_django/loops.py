@@ -17,8 +17,8 @@ import threading
 from django.db import DatabaseError, connections
 
 from pikku_django import wakeups
-from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError
-from pikku_django.outages import OUTAGE_ERRORS, Outage, is_schema_error
+from pikku_django.errors import DatabaseUnavailableError
+from pikku_django.outages import OUTAGE_ERRORS, Outage, raise_if_not_migrated
 
 logger = logging.getLogger(__name__)
 
@@ -104,16 +104,14 @@ class Poller:
                     # The database went away (a restart, a failover): wait it
                     # out; a signal still ends the wait at once. A missing
                     # table is no outage: waiting will not create it.
-                    if is_schema_error(error):
-                        raise DatabaseNotMigratedError(error) from error
+                    raise_if_not_migrated(error)
                     delay = self.outage.failed(error)
                     if self.gives_up_after is not None and self.outage.lasted >= self.gives_up_after:
                         raise DatabaseUnavailableError(self.outage.lasted, error) from error
                     self.stopping.wait(delay)
                     continue
                 except DatabaseError as error:
-                    if is_schema_error(error):
-                        raise DatabaseNotMigratedError(error) from error
+                    raise_if_not_migrated(error)
                     raise
                 self.outage.succeeded()
                 if busy or self.stopping.is_set() or self.finished():

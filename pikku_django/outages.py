@@ -12,6 +12,8 @@ import time
 
 from django.db import InterfaceError, OperationalError, connections
 
+from pikku_django.errors import DatabaseNotMigratedError
+
 logger = logging.getLogger(__name__)
 
 #: What a database that is restarting, failing over or out of reach raises:
@@ -33,6 +35,12 @@ def is_schema_error(error: BaseException) -> bool:
     """True when ``error`` says a table is missing rather than the database unreachable."""
     message = str(error).lower()
     return any(text in message for text in _MISSING_TABLE)
+
+
+def raise_if_not_migrated(error: BaseException) -> None:
+    """Raise ``DatabaseNotMigratedError`` (from ``error``) when ``error`` says a table is missing."""
+    if is_schema_error(error):
+        raise DatabaseNotMigratedError(error) from error
 
 
 #: The first wait after a failure, doubling up to the cap.

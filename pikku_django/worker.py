@@ -20,7 +20,6 @@ from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import (
-    DatabaseNotMigratedError,
     DatabaseUnavailableError,
     InvalidArgumentError,
     LeaseLostError,
@@ -34,7 +33,7 @@ from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
-from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, is_schema_error
+from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.queues import queue_slot
 from pikku_django.schedules import tick
 from pikku_django.worker_loops import SchedulerLoop, SweepLoop
@@ -202,8 +201,7 @@ class Worker:
             except LeaseTakenError:
                 raise WorkerNameTakenError(self.holder) from None
             except OUTAGE_ERRORS as error:
-                if is_schema_error(error):
-                    raise DatabaseNotMigratedError(error) from error
+                raise_if_not_migrated(error)
                 delay = outage.failed(error)
                 if self.once and outage.lasted >= ONCE_GIVES_UP_AFTER_S:
                     raise DatabaseUnavailableError(outage.lasted, error) from error
@@ -211,8 +209,7 @@ class Worker:
                     return False
                 continue
             except DatabaseError as error:
-                if is_schema_error(error):
-                    raise DatabaseNotMigratedError(error) from error
+                raise_if_not_migrated(error)
                 raise
             outage.succeeded()
             stack.push(lease)
@@ -226,8 +223,7 @@ class Worker:
             try:
                 tick(using=self.using)
             except DatabaseError as error:
-                if is_schema_error(error):
-                    raise DatabaseNotMigratedError(error) from error
+                raise_if_not_migrated(error)
                 if not isinstance(error, OUTAGE_ERRORS):
                     raise
                 logger.warning(
