@@ -207,6 +207,18 @@ class WorkflowCancelledError(PikkuError):
         )
 
 
+class ItemNotStartedError(PikkuError):
+    """An item of a ``ctx.map`` that was never started: another item of it failed first."""
+
+    def __init__(self, run_id: object, step_id: object) -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        super().__init__(
+            f"Not started: another item of the map step {step_id} of run {run_id} "
+            "failed or was cancelled first."
+        )
+
+
 class WorkflowTimeoutError(PikkuError):
     """The run was still unfinished at its deadline (``start_workflow(timeout_ms=...)``)."""
 

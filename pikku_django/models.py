@@ -146,6 +146,21 @@ class WorkflowRun(models.Model):
         related_name="forks",
         help_text="The run that fork_workflow() copied this one from.",
     )
+    # A run started by ctx.map() or ctx.workflows(): the parent's step, and its
+    # place among that step's items (unique together, so each starts once).
+    parent_step = models.ForeignKey(
+        "WorkflowStep",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="fanned_out",
+        # No index of its own: the unique (parent_step, parent_index) constraint leads with it.
+        db_index=False,
+        help_text="The ctx.map() or ctx.workflows() step of the parent that started this run.",
+    )
+    parent_index = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The place of this run's item among its parent step's items."
+    )
 
     objects = WorkflowRunManager()
 
@@ -165,6 +180,12 @@ class WorkflowRun(models.Model):
             models.Index(fields=["workflow"], name="pikku_run_workflow_idx"),
             # The sweep's "past its deadline" query.
             models.Index(fields=["status", "deadline_at"], name="pikku_run_status_deadline_idx"),
+        ]
+        constraints = [
+            # Also the index of a fan-out's "release the next item" and "its items in order".
+            models.UniqueConstraint(
+                fields=["parent_step", "parent_index"], name="pikku_run_fanout_item_uniq"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -337,6 +358,8 @@ class WorkflowSignal(models.Model):
 
 
 # Schedules and their ledger live in a module of their own; they are models of this app.
+# A fan-out's counts (ctx.map, ctx.workflows), likewise.
+from pikku_django.fanout_models import WorkflowFanOut as WorkflowFanOut  # noqa: E402
 from pikku_django.schedule_models import CatchUp as CatchUp  # noqa: E402
 from pikku_django.schedule_models import Overlap as Overlap  # noqa: E402
 from pikku_django.schedule_models import Skipped as Skipped  # noqa: E402

@@ -75,13 +75,25 @@ def finish_run(
 def settle_parent_step(alias: str, child_id: Any) -> None:
     """
     The child ``child_id`` has ended: record its output as the parked parent
-    step's result (or its error as the step's failure) and wake the parent.
+    step's result (or its error as the step's failure) and wake the parent;
+    or, for an item of a fan-out, count its end (``managers.fanout``).
     """
     from pikku_django.managers.steps import _write_attempt
     from pikku_django.models import WorkflowRun, WorkflowStep
 
-    child = WorkflowRun.objects.using(alias).filter(pk=child_id).values("status", "output", "error").first()
+    child = (
+        WorkflowRun.objects.using(alias)
+        .filter(pk=child_id)
+        .values("status", "output", "error", "parent_id", "parent_step_id")
+        .first()
+    )
     if child is None or child["status"] not in FINISHED_RUN_STATUSES:
+        return
+    if child["parent_step_id"] is not None:
+        # An item of a ctx.map or ctx.workflows step: counted, not settled alone.
+        from pikku_django.managers.fanout import item_ended
+
+        item_ended(alias, child_id, child["parent_id"], child["parent_step_id"], child["status"])
         return
     parked = WorkflowStep.objects.using(alias).filter(
         child_run_id=child_id, status="running", lease_expires_at__isnull=True

@@ -26,6 +26,7 @@ from pikku_django.leases import HeldLease, KeepAlive
 from pikku_django.managers.fence import RunFence
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.current import StepHandle, running_step
+from pikku_django.workflows.fanout import FanOutMixin
 from pikku_django.workflows.registry import dotted_name
 from pikku_django.workflows.waits import PASS_CONTROL, Stop, Suspend, WaitsMixin, unwinds_store_errors
 
@@ -89,10 +90,11 @@ def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return data
 
 
-class RunContext(WaitsMixin):
+class RunContext(FanOutMixin, WaitsMixin):
     """
     What a workflow function is called with: ``fn(ctx, input)``. Besides
-    ``step``: ``sleep``, ``wait_for_signal`` and ``workflow`` (see ``waits``).
+    ``step``: ``sleep``, ``wait_for_signal`` and ``workflow`` (see ``waits``),
+    ``map`` and ``workflows`` (see ``fanout``).
     """
 
     def __init__(

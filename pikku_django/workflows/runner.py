@@ -88,13 +88,14 @@ def _drive_inline(run: WorkflowRun) -> WorkflowRun:
         if run.is_finished:
             return run
         if run.wake_at is None:
-            # Waiting on a child: drive the child inline too; its end wakes this run.
+            # Waiting on a child, or on the items of a fan-out: drive the child
+            # (or the next due item) inline too; the last end wakes this run.
+            children = WorkflowRun.objects.using(run._state.db).filter(parent=run)
             child = (
-                WorkflowRun.objects.using(run._state.db)
-                .filter(parent=run, parent_steps__run=run, parent_steps__status="running")
+                children.filter(parent_steps__run=run, parent_steps__status="running")
                 .exclude(status__in=FINISHED_RUN_STATUSES)
                 .first()
-            )
+            ) or children.filter(parent_step__isnull=False, status="running").order_by("parent_index").first()
             if child is None or not _drive_inline(child).is_finished:
                 return run
             continue

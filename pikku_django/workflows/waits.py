@@ -263,8 +263,9 @@ class WaitsMixin:
                 # The parent is active and this pass's, checked (and its row
                 # locked) in the transaction that starts the child.
                 self._touch_run()
+                # On the parent's queue and priority.
                 child = WorkflowRun.objects.db_manager(alias).create_run(
-                    workflow_name, input, parent=self.run
+                    workflow_name, input, parent=self.run, queue=self.run.queue, priority=self.run.priority
                 )
                 parked = (
                     WorkflowStep.objects.using(alias)

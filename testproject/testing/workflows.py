@@ -269,3 +269,7 @@ def catches_around(ctx: Any, input: dict[str, Any]) -> Any:
             time.sleep(0.02)
         return "not charged"
     return "charged"
+
+
+# The fan-out tests' workflows live apart; importing them registers them.
+from testproject.testing import fanout_workflows as fanout_workflows  # noqa: E402

@@ -1,0 +1,308 @@
+"""
+Fan-out and fan-in: ``ctx.map`` calls a function once per item, each item a
+run of its own with one step (its own lease, attempts and fence) that any
+free worker takes; ``ctx.workflows`` starts one child run per input. Either
+way the parent's step is parked (running, no lease) and the parent holds no
+worker until the last item's end wakes it (``managers.fanout``). A replay
+returns the stored list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from pikku_django import validate
+from pikku_django.clock import DbNow
+from pikku_django.errors import (
+    InvalidArgumentError,
+    StepFailedError,
+    StepFunctionMismatchError,
+    WorkflowNotFoundError,
+)
+from pikku_django.fanout_models import FanOutKind, WorkflowFanOut
+from pikku_django.managers import fanout as store
+from pikku_django.managers.steps import _write_attempt
+from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.workflows.registry import get_workflow, is_internal, workflow
+from pikku_django.workflows.waits import Stop, Suspend, _data, unwinds_store_errors
+
+logger = logging.getLogger(__name__)
+
+#: The ``rpc_name`` of a ``ctx.map`` step and of a ``ctx.workflows`` step.
+MAP_RPC = "pikku.map"
+WORKFLOWS_RPC = "pikku.workflows"
+
+#: The internal workflow each item of a ``ctx.map`` runs: one step, ``fn(item)``.
+MAP_ITEM_WORKFLOW = "pikku_django.map_item"
+
+
+def function_path(argument: str, fn: object) -> str:
+    """
+    ``module:qualname`` of ``fn``, which any worker imports to call it;
+    refused unless importing that path gives back ``fn`` (a lambda, a nested
+    function or a bound method cannot be found that way).
+    """
+    if not callable(fn):
+        raise InvalidArgumentError(f"{argument} must be callable, not {type(fn).__name__}.")
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
+        try:
+            if import_function(f"{module}:{qualname}") is fn:
+                return f"{module}:{qualname}"
+        except (ImportError, AttributeError):
+            pass
+    raise InvalidArgumentError(
+        f"{argument}: {fn!r} cannot be imported by its name, so another worker could not call it; "
+        "pass a function defined at the top level of a module."
+    )
+
+
+def import_function(path: str) -> Callable[..., Any]:
+    """The function at ``module:qualname``."""
+    module, _, qualname = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target  # type: ignore[no-any-return]
+
+
+@workflow(MAP_ITEM_WORKFLOW, internal=True)
+def map_item(ctx: Any, input: dict[str, Any]) -> Any:
+    """One item of a ``ctx.map``: its function called on it, as a step of this run."""
+    fn = import_function(input["fn"])
+    return ctx.step(input["step"], fn, input["item"], **input.get("options", {}))
+
+
+def _json_list(argument: str, values: object) -> list[Any]:
+    if not isinstance(values, (list, tuple)):
+        raise InvalidArgumentError(f"{argument} must be a list of JSON values, not {type(values).__name__}.")
+    return [validate.json_value(f"{argument}[{index}]", value) for index, value in enumerate(values)]
+
+
+def _max_parallel(value: object) -> int | None:
+    if value is None:
+        return None
+    return validate.whole("max_parallel", value, minimum=1, maximum=validate.MAX_INTEGER)
+
+
+def _digest(values: Sequence[Any]) -> str:
+    text = json.dumps(list(values), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class FanOutMixin:
+    """``ctx.map`` and ``ctx.workflows`` (mixed into ``RunContext``)."""
+
+    run: WorkflowRun
+    run_id: Any
+    _using: str
+
+    # Provided by WaitsMixin.
+    _use_name: Callable[[str], None]
+    _special_step: Callable[..., WorkflowStep]
+    _touch_run: Callable[[], None]
+    _check_run: Callable[[], int]
+    _settle: Callable[..., None]
+
+    @unwinds_store_errors
+    def map(
+        self,
+        name: str,
+        fn: Callable[[Any], Any],
+        items: Sequence[Any],
+        *,
+        max_parallel: int | None = None,
+        retries: int | None = None,
+        retry_delay: int | None = None,
+        lease_ms: int | None = None,
+    ) -> list[Any]:
+        """
+        ``fn(item)`` for each item of ``items``, each a step of its own run
+        that any free worker takes, at most ``max_parallel`` at once; the
+        results in the order of ``items``. ``retries``, ``retry_delay`` and
+        ``lease_ms`` are each item's, as for ``ctx.step``. Once an item's
+        attempts are spent, no further item starts, and ``StepFailedError``
+        is raised here when the items in flight have ended.
+        """
+        validate.name("name", name)
+        path = function_path("fn", fn)
+        values = _json_list("items", items)
+        limit = _max_parallel(max_parallel)
+        options: dict[str, Any] = {}
+        if retries is not None:
+            options["retries"] = validate.retries("retries", retries)
+        if retry_delay is not None:
+            options["retry_delay"] = validate.retry_delay("retry_delay", retry_delay)
+        if lease_ms is not None:
+            options["lease_ms"] = validate.positive_ms("lease_ms", lease_ms)
+        item = {"fn": path, "step": name, **({"options": options} if options else {})}
+        inputs = [{**item, "item": value} for value in values]
+        return self._fan_out(
+            name, MAP_RPC, FanOutKind.MAP, MAP_ITEM_WORKFLOW, inputs, values, limit, {"fn": path}
+        )
+
+    @unwinds_store_errors
+    def workflows(
+        self, name: str, workflow_name: str, inputs: Sequence[Any], *, max_parallel: int | None = None
+    ) -> list[Any]:
+        """
+        One child run of ``workflow_name`` per input (each started exactly
+        once), at most ``max_parallel`` unfinished at once; their outputs in
+        order. A child that fails or is cancelled cancels its unfinished
+        siblings, and ``StepFailedError`` is raised here.
+        """
+        validate.name("name", name)
+        validate.name("workflow_name", workflow_name)
+        try:
+            get_workflow(workflow_name)
+        except WorkflowNotFoundError:
+            raise WorkflowNotFoundError(workflow_name, "workflow_name") from None
+        if is_internal(workflow_name):
+            raise InvalidArgumentError(f"workflow_name: {workflow_name!r} is pikku_django's own workflow.")
+        values = _json_list("inputs", inputs)
+        limit = _max_parallel(max_parallel)
+        return self._fan_out(
+            name, WORKFLOWS_RPC, FanOutKind.WORKFLOWS, workflow_name, values, values, limit,
+            {"workflow": workflow_name},
+        )  # fmt: skip
+
+    # -- the step -------------------------------------------------------------------
+
+    def _fan_out(
+        self,
+        name: str,
+        rpc_name: str,
+        kind: str,
+        workflow_name: str,
+        inputs: list[Any],
+        values: list[Any],
+        max_parallel: int | None,
+        target: dict[str, str],
+    ) -> list[Any]:
+        argument = "items" if kind == FanOutKind.MAP else "inputs"
+        self._use_name(name)
+        digest = _digest(values)
+        step = self._special_step(
+            name,
+            rpc_name,
+            "pending",
+            lambda now: {**target, "count": len(values), "digest": digest, "max_parallel": max_parallel},
+        )
+        stored = _data(step)
+        for key, value in target.items():
+            if stored.get(key) != value:
+                raise StepFunctionMismatchError(self.run_id, name, str(stored.get(key)), value)
+        if stored.get("count") != len(values) or stored.get("digest") != digest:
+            raise InvalidArgumentError(
+                f"{argument}: step {name!r} of run {self.run_id} was started with {stored.get('count')} "
+                f"{argument} and this replay passes {len(values)} that differ; "
+                "a replay must pass the same list."
+            )
+        if step.status == "pending":
+            self._check_run()
+            if not inputs:
+                self._settle(step, "succeeded", result=[])
+                return []
+            self._start_items(step, kind, workflow_name, inputs, max_parallel)
+            step = WorkflowStep.objects.using(self._using).get(pk=step.pk)
+        if step.status == "succeeded":
+            return list(step.result or [])
+        if step.status == "failed":
+            raise StepFailedError(name, step.attempt, step.error)
+        fan_outs = WorkflowFanOut.objects.using(self._using)
+        fan_out = fan_outs.get(pk=step.pk)
+        if fan_out.is_done:
+            return self._gather(step, fan_out)
+        step_id = step.pk
+        raise Suspend(
+            None,
+            f"waits for {fan_out.total - fan_out.ended} of the {fan_out.total} items of step {name!r}",
+            recheck=lambda: fan_outs.filter(pk=step_id, ended__gte=F("total")).exists(),
+        )
+
+    def _start_items(
+        self, step: WorkflowStep, kind: str, workflow_name: str, inputs: list[Any], max_parallel: int | None
+    ) -> None:
+        """
+        Insert the items' runs in batches, each batch one transaction fenced
+        to this pass's run lease (a crash between batches leaves whole
+        batches, and the next pass goes on after them); then, in one more,
+        park the step, count the fan-out and release the first items.
+        """
+        alias = self._using
+        runs = WorkflowRun.objects.using(alias)
+        try:
+            start = runs.filter(parent_step=step).count()
+            for first in range(start, len(inputs), store.INSERT_BATCH):
+                with transaction.atomic(using=alias):
+                    self._touch_run()
+                    batch = inputs[first : first + store.INSERT_BATCH]
+                    store.insert_items(alias, self.run, step, workflow_name, batch, first)
+        except IntegrityError:
+            raise Stop(f"another pass inserted the items of step {step.step_name!r}") from None
+        released = len(inputs) if max_parallel is None else min(max_parallel, len(inputs))
+        with transaction.atomic(using=alias):
+            self._touch_run()
+            parked = (
+                WorkflowStep.objects.using(alias)
+                .filter(pk=step.pk, status="pending")
+                .update(status="running", lease_expires_at=None, updated_at=DbNow())
+            )
+            if not parked:
+                raise Stop(f"step {step.step_name!r} was started elsewhere")
+            _write_attempt(alias, step.pk, step.attempt, "running", running_at=DbNow())
+            WorkflowFanOut.objects.using(alias).create(
+                step=step, kind=kind, total=len(inputs), max_parallel=max_parallel, released=released
+            )
+            store.release_first(alias, step.pk, released)
+        logger.info(
+            "Run %s fanned out step %r: %s items of %s.",
+            self.run_id,
+            step.step_name,
+            len(inputs),
+            workflow_name,
+        )
+
+    def _gather(self, step: WorkflowStep, fan_out: WorkflowFanOut) -> list[Any]:
+        """All ended: the step succeeds with their results in order, or fails with the first failure."""
+        if fan_out.halted:
+            error = store.failed_item(self._using, fan_out)
+            self._settle_parked(step, "failed", error=error)
+            raise StepFailedError(step.step_name, step.attempt, error)
+        results = [output for _, output, _ in store.outcomes(self._using, step.pk)]
+        try:
+            validate.json_value("result", results)
+        except InvalidArgumentError as error:
+            stored: dict[str, object] = {
+                "type": "builtins.ValueError",
+                "message": f"The results cannot be stored: {error}",
+            }
+            self._settle_parked(step, "failed", error=stored)
+            raise StepFailedError(step.step_name, step.attempt, stored) from None
+        self._settle_parked(step, "succeeded", result=results)
+        return results
+
+    def _settle_parked(
+        self, step: WorkflowStep, status: str, *, result: Any = None, error: Any = None
+    ) -> None:
+        """End the parked step, fenced to this pass's run lease (a stale pass writes nothing)."""
+        stamp = {"succeeded_at" if status == "succeeded" else "failed_at": DbNow()}
+        with transaction.atomic(using=self._using):
+            self._touch_run()
+            written = (
+                WorkflowStep.objects.using(self._using)
+                .filter(pk=step.pk, status="running", lease_expires_at__isnull=True)
+                .update(status=status, result=result, error=error, updated_at=DbNow())
+            )
+            if not written:
+                raise Stop(f"step {step.step_name!r} was ended elsewhere")
+            _write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)
+        step.status, step.result, step.error = status, result, error

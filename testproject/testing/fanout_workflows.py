@@ -1,0 +1,85 @@
+"""Workflows that fan out (ctx.map, ctx.workflows), for the fan-out tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from pikku_django.errors import StepFailedError
+from pikku_django.workflows import current_step, workflow
+from testproject.testing.models import StepCall
+
+
+def record_item(item: dict[str, Any]) -> int:
+    """
+    An item of a map: records its start and end (``StepCall`` ``start:<i>`` and
+    ``end:<i>``, under the item's own run), then returns ``i * 10``. It waits
+    ``ms`` first; ``fail`` raises; ``kill`` SIGKILLs its worker on the first
+    call when the file ``kill`` names does not exist yet (and creates it).
+    """
+    handle = current_step()
+    assert handle is not None
+    index = item["i"]
+    StepCall.objects.create(run_id=handle.run_id, step=f"start:{index}", pid=os.getpid(), at_ms=_now())
+    kill = item.get("kill")
+    if kill and not os.path.exists(kill):
+        open(kill, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if item.get("ms"):
+        time.sleep(item["ms"] / 1000)
+    if item.get("fail"):
+        raise ValueError(f"item {index} fails")
+    StepCall.objects.create(run_id=handle.run_id, step=f"end:{index}", pid=os.getpid(), at_ms=_now())
+    return int(index) * 10
+
+
+def _now() -> int:
+    from pikku_django.models import Lease
+
+    return Lease.objects.db_now_ms()
+
+
+@workflow("test.map")
+def mapper(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.map`` over ``input["items"]`` with ``input["options"]``; then one more step, once."""
+    try:
+        results = ctx.map("items", record_item, input["items"], **input.get("options", {}))
+    except StepFailedError as error:
+        return {"failed": error.error.get("message"), "item": error.error.get("item")}
+    total = ctx.step("sum", _total, results)
+    return {"results": results, "sum": total}
+
+
+def _total(results: list[int]) -> int:
+    return sum(results)
+
+
+def child_step(input: dict[str, Any]) -> Any:
+    """A child's one step: records itself, waits ``ms``, fails when told."""
+    handle = current_step()
+    assert handle is not None
+    StepCall.objects.create(run_id=handle.run_id, step="child", pid=os.getpid(), at_ms=_now())
+    if input.get("ms"):
+        time.sleep(input["ms"] / 1000)
+    if input.get("fail"):
+        raise RuntimeError(f"child {input['i']} fails")
+    return {"shipped": input["i"]}
+
+
+@workflow("test.fan_child")
+def fan_child(ctx: Any, input: dict[str, Any]) -> Any:
+    return ctx.step("ship", child_step, input)
+
+
+@workflow("test.fan_parent")
+def fan_parent(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.workflows`` over ``input["inputs"]`` of ``test.fan_child``."""
+    try:
+        outputs = ctx.workflows(
+            "ship", "test.fan_child", input["inputs"], max_parallel=input.get("max_parallel")
+        )
+    except StepFailedError as error:
+        return {"failed": error.error.get("message")}
+    return {"outputs": outputs}
