@@ -20,6 +20,7 @@ from pikku_django.admin.base import (
     pretty_json,
     short_uuid,
 )
+from pikku_django.admin.fanout import ItemsFilter, fan_out_lines
 from pikku_django.admin.operate import (
     INLINE_ROWS,
     RunStatusFilter,
@@ -65,7 +66,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "updated_at",
     ]
     list_display_links = ["short_id"]
-    list_filter = [RunStatusFilter, "workflow"]
+    list_filter = [RunStatusFilter, "workflow", ItemsFilter]
     search_fields = ["id", "workflow"]
     fields = [
         "id",
@@ -163,10 +164,16 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="children")
     def children_display(self, obj: WorkflowRun) -> str:
-        children = list(obj.children.order_by("created_at").values_list("pk", "workflow", "status"))
-        if not children:
+        """Its ctx.workflow children one per line; each fan-out as one line of counts (``admin.fanout``)."""
+        children = list(
+            obj.children.filter(parent_step__isnull=True)
+            .order_by("created_at")
+            .values_list("pk", "workflow", "status")[: INLINE_ROWS + 1]
+        )
+        fan_outs = fan_out_lines(obj)
+        if not children and not fan_outs:
             return self.get_empty_value_display()
-        links = [
+        links = fan_outs + [
             format_html(
                 '<a href="{}">{}</a> {} ({})',
                 reverse("admin:pikku_django_workflowrun_change", args=[pk]),
@@ -174,8 +181,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
                 workflow,
                 status,
             )
-            for pk, workflow, status in children
+            for pk, workflow, status in children[:INLINE_ROWS]
         ]
+        if len(children) > INLINE_ROWS:
+            links.append(format_html("… and more (the first {} are shown)", INLINE_ROWS))
         return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links))
 
     @admin.display(description="deadline", ordering="deadline_at")
