@@ -57,10 +57,14 @@ def _total(results: list[int]) -> int:
 
 
 def child_step(input: dict[str, Any]) -> Any:
-    """A child's one step: records itself, waits ``ms``, fails when told."""
+    """A child's one step: records itself, waits ``ms``, fails when told, kills once (as ``record_item``)."""
     handle = current_step()
     assert handle is not None
     StepCall.objects.create(run_id=handle.run_id, step="child", pid=os.getpid(), at_ms=_now())
+    kill = input.get("kill")
+    if kill and not os.path.exists(kill):
+        open(kill, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     if input.get("ms"):
         time.sleep(input["ms"] / 1000)
     if input.get("fail"):
