@@ -202,6 +202,36 @@ class MapTests(TransactionTestCase):
         assert WorkflowStep.objects.get(run=run, step_name="items").status == "failed"
 
 
+class MapRetryTests(TransactionTestCase):
+    def test_a_retry_runs_only_the_items_that_did_not_complete(self) -> None:
+        import tempfile
+        from pathlib import Path
+
+        from pikku_django.workflows import retry_workflow
+
+        gate = Path(tempfile.mkdtemp()) / "gate"
+        items = [{"i": i, "fail_unless": str(gate) if i == 2 else None} for i in range(6)]
+        options = {"max_parallel": 2, "retries": 0}
+        run = start_workflow("test.map_strict", {"items": items, "options": options})
+        run_workflow(run.pk)
+        drive_items(run)
+        run = run_workflow(run.pk)
+        assert run.status == "failed" and run.error["item"] == 2
+        statuses = [item.status for item in items_of(run)]
+        assert statuses == ["completed", "completed", "failed"] + ["cancelled"] * 3
+        gate.touch()
+        assert retry_workflow(run.pk)
+        run_workflow(run.pk)
+        # Two of the four revived items are due, the rest held; the completed two are not run again.
+        assert [item.parent_index for item in due_items(run)] == [2, 3]
+        drive_items(run)
+        run = run_workflow(run.pk)
+        assert (run.status, run.output) == ("completed", [0, 10, 20, 30, 40, 50])
+        assert [starts(i) for i in range(6)] == [1, 1, 2, 1, 1, 1]
+        step = WorkflowStep.objects.get(run=run, step_name="items")
+        assert (step.status, step.attempt) == ("succeeded", 2)
+
+
 class ChildrenTests(TransactionTestCase):
     def test_one_child_per_input_outputs_in_order_at_most_max_parallel_unfinished(self) -> None:
         inputs = [{"i": i} for i in range(5)]

@@ -33,6 +33,11 @@ INSERT_BATCH = 500
 #: The status of an item not released yet: no worker takes it (no ``wake_at``).
 HELD = "suspended"
 
+#: The ``rpc_name`` of a ``ctx.map`` step and of a ``ctx.workflows`` step.
+MAP_RPC = "pikku.map"
+WORKFLOWS_RPC = "pikku.workflows"
+FAN_OUT_RPCS = (MAP_RPC, WORKFLOWS_RPC)
+
 
 def insert_items(
     alias: str,
@@ -109,25 +114,34 @@ def item_ended(alias: str, child_id: Any, parent_id: Any, step_id: Any, status: 
         else:
             _halt(alias, fan_out, parent_id)
         return
-    fields: dict[str, Any] = {"ended": F("ended") + 1}
-    if not fan_out.halted and fan_out.released < fan_out.total and _release(alias, step_id, fan_out.released):
-        fields["released"] = F("released") + 1
+    fields: dict[str, Any] = {"ended": ended}
+    if not fan_out.halted and fan_out.released < fan_out.total:
+        fields["released"] = _release_next(alias, step_id, fan_out.released, fan_out.total)
     fan_outs.filter(pk=step_id).update(**fields)
     if ended >= fan_out.total:
         _wake_parent(alias, parent_id)
 
 
-def _release(alias: str, step_id: Any, index: int) -> bool:
+def _release_next(alias: str, step_id: Any, cursor: int, total: int) -> int:
+    """
+    Make the first held item at or after ``cursor`` due; returns the cursor
+    past it. In a fan-out as first started the item at ``cursor`` is held,
+    and this is one UPDATE; after a retry some items ahead are already done,
+    and a range read of the (parent_step, parent_index) index skips them
+    (each once: the cursor moves past them).
+    """
     from pikku_django.models import WorkflowRun
 
-    released = (
-        WorkflowRun.objects.using(alias)
-        .filter(parent_step_id=step_id, parent_index=index, status=HELD, wake_at__isnull=True)
-        .update(status="running", wake_at=DbNowMs(), updated_at=DbNow())
-    )
-    if released:
-        work_due(alias)
-    return bool(released)
+    held = WorkflowRun.objects.using(alias).filter(parent_step_id=step_id, status=HELD, wake_at__isnull=True)
+    due = {"status": "running", "wake_at": DbNowMs(), "updated_at": DbNow()}
+    if not held.filter(parent_index=cursor).update(**due):
+        ahead = held.filter(parent_index__gt=cursor).order_by("parent_index")
+        found = ahead.values_list("parent_index", flat=True).first()
+        cursor = total if found is None else int(found)
+        if cursor >= total or not held.filter(parent_index=cursor).update(**due):
+            return total
+    work_due(alias)
+    return cursor + 1
 
 
 def _halt(alias: str, fan_out: Any, parent_id: Any) -> None:
@@ -199,3 +213,41 @@ def failed_item(alias: str, fan_out: Any) -> dict[str, Any]:
         return serialize_error(WorkflowCancelledError(fan_out.failed_run_id))
     error = row["error"] or serialize_error(WorkflowCancelledError(row["pk"]))
     return {**error, "child_run": str(row["pk"]), "item": row["parent_index"]}
+
+
+def revive(alias: str, step: Any) -> None:
+    """
+    ``retry_workflow`` of a run stopped at this fan-out step: the step moves
+    on to its next attempt, parked again; every item that did not complete
+    is revived where it stopped (``retry_run``: a fresh budget for its step)
+    and held again; the counts start over from the items that completed, and
+    the first ``max_parallel`` of the rest are released. Items that completed
+    are not run again.
+    """
+    from pikku_django.managers.operate import retry_run
+    from pikku_django.managers.steps import _write_attempt
+    from pikku_django.models import WorkflowFanOut, WorkflowRun, WorkflowStep
+
+    attempt = step.attempt + 1
+    WorkflowStep.objects.using(alias).filter(pk=step.pk, status="failed", attempt=step.attempt).update(
+        status="running",
+        attempt=attempt,
+        budget_base=attempt - 1,
+        result=None,
+        error=None,
+        lease_expires_at=None,
+        updated_at=DbNow(),
+    )
+    _write_attempt(alias, step.pk, attempt, "running", running_at=DbNow())
+    items = WorkflowRun.objects.using(alias).filter(parent_step_id=step.pk)
+    undone = list(items.exclude(status="completed").values_list("pk", flat=True))
+    for item_id in undone:
+        retry_run(alias, item_id, None)
+    items.filter(pk__in=undone).update(status=HELD, wake_at=None)
+    fan_out = WorkflowFanOut.objects.using(alias).select_for_update().get(pk=step.pk)
+    fan_out.halted, fan_out.failed_run = False, None
+    fan_out.ended = fan_out.total - len(undone)
+    fan_out.released = 0
+    for _ in range(len(undone) if fan_out.max_parallel is None else min(fan_out.max_parallel, len(undone))):
+        fan_out.released = _release_next(alias, step.pk, fan_out.released, fan_out.total)
+    fan_out.save(using=alias, update_fields=["halted", "failed_run", "ended", "released"])

@@ -24,6 +24,7 @@ from pikku_django.errors import (
     WorkflowCancelledError,
     WorkflowTimeoutError,
 )
+from pikku_django.managers.fanout import FAN_OUT_RPCS, revive
 from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.wakeups import work_due
 
@@ -121,6 +122,9 @@ def _revive_step(alias: str, step: Any) -> None:
     from pikku_django.models import WorkflowStep
 
     steps = WorkflowStep.objects.using(alias).filter(pk=step.pk, status="failed", attempt=step.attempt)
+    if step.rpc_name in FAN_OUT_RPCS:
+        revive(alias, step)
+        return
     if step.rpc_name not in (SLEEP_RPC, SIGNAL_RPC, CHILD_RPC):
         steps.update(budget_base=F("attempt"), losses=0)
         return

@@ -29,16 +29,13 @@ from pikku_django.errors import (
 )
 from pikku_django.fanout_models import FanOutKind, WorkflowFanOut
 from pikku_django.managers import fanout as store
+from pikku_django.managers.fanout import MAP_RPC, WORKFLOWS_RPC
 from pikku_django.managers.steps import _write_attempt
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.workflows.registry import get_workflow, is_internal, workflow
 from pikku_django.workflows.waits import Stop, Suspend, _data, unwinds_store_errors
 
 logger = logging.getLogger(__name__)
-
-#: The ``rpc_name`` of a ``ctx.map`` step and of a ``ctx.workflows`` step.
-MAP_RPC = "pikku.map"
-WORKFLOWS_RPC = "pikku.workflows"
 
 #: The internal workflow each item of a ``ctx.map`` runs: one step, ``fn(item)``.
 MAP_ITEM_WORKFLOW = "pikku_django.map_item"

@@ -29,7 +29,7 @@ def record_item(item: dict[str, Any]) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
     if item.get("ms"):
         time.sleep(item["ms"] / 1000)
-    if item.get("fail"):
+    if item.get("fail") or (item.get("fail_unless") and not os.path.exists(item["fail_unless"])):
         raise ValueError(f"item {index} fails")
     StepCall.objects.create(run_id=handle.run_id, step=f"end:{index}", pid=os.getpid(), at_ms=_now())
     return int(index) * 10
@@ -50,6 +50,12 @@ def mapper(ctx: Any, input: dict[str, Any]) -> Any:
         return {"failed": error.error.get("message"), "item": error.error.get("item")}
     total = ctx.step("sum", _total, results)
     return {"results": results, "sum": total}
+
+
+@workflow("test.map_strict")
+def map_strict(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.map`` whose failure fails the run (for retry_workflow)."""
+    return ctx.map("items", record_item, input["items"], **input.get("options", {}))
 
 
 def _total(results: list[int]) -> int:
