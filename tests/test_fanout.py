@@ -7,6 +7,8 @@ refused before any row, the cost of an item's end, and the admin's line.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -17,7 +19,7 @@ from django.urls import reverse
 
 from pikku_django.errors import InvalidArgumentError, WorkflowNotFoundError
 from pikku_django.models import WorkflowFanOut, WorkflowRun, WorkflowStep, WorkflowStepAttempt
-from pikku_django.workflows import cancel_workflow, run_workflow, start_workflow
+from pikku_django.workflows import cancel_workflow, retry_workflow, run_workflow, start_workflow
 from pikku_django.workflows.context import RunContext
 from pikku_django.workflows.fanout import MAP_ITEM_WORKFLOW
 from pikku_django.workflows.waits import Suspend
@@ -204,11 +206,6 @@ class MapTests(TransactionTestCase):
 
 class MapRetryTests(TransactionTestCase):
     def test_a_retry_runs_only_the_items_that_did_not_complete(self) -> None:
-        import tempfile
-        from pathlib import Path
-
-        from pikku_django.workflows import retry_workflow
-
         gate = Path(tempfile.mkdtemp()) / "gate"
         items = [{"i": i, "fail_unless": str(gate) if i == 2 else None} for i in range(6)]
         options = {"max_parallel": 2, "retries": 0}
