@@ -25,14 +25,13 @@ from pikku_django.errors import (
     InvalidArgumentError,
     StepFailedError,
     StepFunctionMismatchError,
-    WorkflowNotFoundError,
 )
 from pikku_django.fanout_models import FanOutKind, WorkflowFanOut
 from pikku_django.managers import fanout as store
 from pikku_django.managers.fanout import MAP_RPC, WORKFLOWS_RPC
 from pikku_django.managers.steps import _write_attempt
 from pikku_django.models import WorkflowRun, WorkflowStep
-from pikku_django.workflows.registry import get_workflow, is_internal, workflow
+from pikku_django.workflows.registry import child_workflow, workflow
 from pikku_django.workflows.waits import Stop, Suspend, _data, unwinds_store_errors
 
 logger = logging.getLogger(__name__)
@@ -157,13 +156,7 @@ class FanOutMixin:
         siblings, and ``StepFailedError`` is raised here.
         """
         validate.name("name", name)
-        validate.name("workflow_name", workflow_name)
-        try:
-            get_workflow(workflow_name)
-        except WorkflowNotFoundError:
-            raise WorkflowNotFoundError(workflow_name, "workflow_name") from None
-        if is_internal(workflow_name):
-            raise InvalidArgumentError(f"workflow_name: {workflow_name!r} is pikku_django's own workflow.")
+        child_workflow("workflow_name", workflow_name)
         values = _json_list("inputs", inputs)
         limit = _max_parallel(max_parallel)
         return self._fan_out(

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pikku_django import validate
-from pikku_django.errors import WorkflowNotFoundError, WorkflowRegistrationError
+from pikku_django.errors import InvalidArgumentError, WorkflowNotFoundError, WorkflowRegistrationError
 
 WorkflowFunction = Callable[[Any, Any], Any]
 F = TypeVar("F", bound=WorkflowFunction)
@@ -65,3 +65,18 @@ def registered() -> dict[str, WorkflowFunction]:
 def is_internal(name: str) -> bool:
     """Is ``name`` a workflow whose runs only pikku_django itself starts?"""
     return name in _internal
+
+
+def child_workflow(argument: str, name: object) -> str:
+    """
+    ``name`` as the workflow of a child run (``ctx.workflow``,
+    ``ctx.workflows``): registered, and not one of pikku_django's own;
+    refused naming ``argument`` otherwise.
+    """
+    validate.name(argument, name)
+    assert isinstance(name, str)
+    if name not in _registry:
+        raise WorkflowNotFoundError(name, argument)
+    if name in _internal:
+        raise InvalidArgumentError(f"{argument}: {name!r} is pikku_django's own workflow.")
+    return name

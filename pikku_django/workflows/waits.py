@@ -25,7 +25,6 @@ from pikku_django.errors import (
     StoreFailure,
     WorkerAbortedError,
     WorkflowCancelledError,
-    WorkflowNotFoundError,
 )
 from pikku_django.managers import ACTIVE_RUN_STATUSES, WOKEN, serialize_error
 from pikku_django.managers.fence import RunFence
@@ -34,7 +33,7 @@ from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.managers.steps import _write_attempt
 from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
 from pikku_django.wakeups import work_due
-from pikku_django.workflows.registry import get_workflow
+from pikku_django.workflows.registry import child_workflow
 
 logger = logging.getLogger(__name__)
 
@@ -223,11 +222,7 @@ class WaitsMixin:
         that fails or is cancelled raises ``StepFailedError`` with its error.
         """
         validate.name("name", name)
-        validate.name("workflow_name", workflow_name)
-        try:
-            get_workflow(workflow_name)
-        except WorkflowNotFoundError:
-            raise WorkflowNotFoundError(workflow_name, "workflow_name") from None
+        child_workflow("workflow_name", workflow_name)
         validate.json_value("input", input)
         self._use_name(name)
         step = self._special_step(name, CHILD_RPC, "pending", lambda now: {"workflow": workflow_name})

@@ -23,16 +23,20 @@ def record_item(item: dict[str, Any]) -> int:
     assert handle is not None
     index = item["i"]
     StepCall.objects.create(run_id=handle.run_id, step=f"start:{index}", pid=os.getpid(), at_ms=_now())
-    kill = item.get("kill")
-    if kill and not os.path.exists(kill):
-        open(kill, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
+    kill_once(item.get("kill"))
     if item.get("ms"):
         time.sleep(item["ms"] / 1000)
     if item.get("fail") or (item.get("fail_unless") and not os.path.exists(item["fail_unless"])):
         raise ValueError(f"item {index} fails")
     StepCall.objects.create(run_id=handle.run_id, step=f"end:{index}", pid=os.getpid(), at_ms=_now())
     return int(index) * 10
+
+
+def kill_once(marker: str | None) -> None:
+    """SIGKILL this process, unless ``marker`` is None or the file it names exists (then create it first)."""
+    if marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _now() -> int:
@@ -67,10 +71,7 @@ def child_step(input: dict[str, Any]) -> Any:
     handle = current_step()
     assert handle is not None
     StepCall.objects.create(run_id=handle.run_id, step="child", pid=os.getpid(), at_ms=_now())
-    kill = input.get("kill")
-    if kill and not os.path.exists(kill):
-        open(kill, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
+    kill_once(input.get("kill"))
     if input.get("ms"):
         time.sleep(input["ms"] / 1000)
     if input.get("fail"):
