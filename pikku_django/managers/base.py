@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,6 +60,28 @@ def write_alias(model: type[Model], using: str | None) -> str:
     writes, and a read that decides a write must see the primary).
     """
     return using or router.db_for_write(model)
+
+
+#: How many runs one transaction of a bulk action covers (cancelling or waking
+#: a selection in the admin, ``WorkflowRunQuerySet.cancel()`` and ``wake()``).
+#: Cancelling a run costs a handful of statements, so a batch holds SQLite's
+#: write lock (row locks elsewhere) for a bounded time, and a lease renewal or
+#: a worker's step gets in between two batches however large the selection.
+BULK_BATCH_RUNS = 250
+
+
+def batched(ids: Iterable[Any], size: int = BULK_BATCH_RUNS) -> Iterator[list[Any]]:
+    """``ids`` in lists of at most ``size``, in order (``itertools.batched`` is Python 3.12+)."""
+    if size < 1:
+        raise ValueError(f"size: a batch holds at least one id, not {size!r}.")
+    batch: list[Any] = []
+    for item in ids:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 #: A run a worker may drive: running, or suspended on a wait that may time out.
