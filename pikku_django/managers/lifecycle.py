@@ -9,19 +9,23 @@ cancel or a second sweep changes nothing that was already decided.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 
+from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
+    BULK_BATCH_RUNS,
     FINISHED_RUN_STATUSES,
     WOKEN,
     batched,
+    make_way_for_writers,
     serialize_error,
     take_write_lock,
 )
@@ -113,20 +117,26 @@ def settle_parent_step(alias: str, child_id: Any) -> None:
         work_due(alias)
 
 
-def cancel_runs(alias: str, run_ids: Iterable[Any]) -> int:
+def cancel_runs(alias: str, run_ids: Iterable[Any], *, batch_size: int = BULK_BATCH_RUNS) -> int:
     """
     Cancel the unfinished runs of ``run_ids`` and their unfinished children,
-    ``BULK_BATCH_RUNS`` runs to a transaction (see ``end_runs``), so other
-    writers get in between two batches however many runs there are. Returns
-    how many of ``run_ids`` this call cancelled: directly, or as a child of
-    one cancelled in an earlier batch.
+    ``batch_size`` runs to a transaction (see ``end_runs``), so other writers
+    get in between two batches however many runs there are (on SQLite, in a
+    pause made for them: ``make_way_for_writers``). Returns how many
+    of ``run_ids`` this call cancelled: directly, or as a child of one
+    cancelled in an earlier batch.
     """
+    validate.whole("batch_size", batch_size, minimum=1, maximum=validate.MAX_INTEGER)
     cancelled = 0
     descendants: set[Any] = set()
-    for batch in batched(run_ids):
+    held = 0.0
+    for batch in batched(run_ids, batch_size):
+        make_way_for_writers(alias, held)
+        started = time.monotonic()
         ended, children = _end_batch(
             alias, batch, status="cancelled", error=lambda run_id: WorkflowCancelledError(run_id)
         )
+        held = time.monotonic() - started
         cancelled += len(ended) + sum(1 for run_id in batch if run_id in descendants)
         descendants |= children
     return cancelled

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -17,6 +18,7 @@ from pikku_django.managers.base import (
     SWEEP_BACKOFF_MS,
     WOKEN,
     batched,
+    make_way_for_writers,
     write_alias,
 )
 from pikku_django.wakeups import work_due
@@ -128,14 +130,21 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         Make these running runs due now, ahead of the queue; returns how many.
         One guarded UPDATE per ``BULK_BATCH_RUNS`` of them, each its own
         transaction in autocommit, so waking a large selection never holds
-        the write lock for long. The selection is read once, first (a list of
+        the write lock for long (and, on SQLite, with a pause between two for
+        the writers waiting: ``make_way_for_writers``). The selection is read once, first (a list of
         ids, not a cursor left open beside the writes). For a run or two,
         ``wake_now()``.
         """
         alias = write_alias(self.model, self._db)  # type: ignore[attr-defined]
         ids = list(self.using(alias).running().order_by().values_list("pk", flat=True))
         runs = self.model._default_manager.db_manager(alias).get_queryset()
-        return sum(runs.filter(pk__in=batch).wake_now() for batch in batched(ids))
+        woken, held = 0, 0.0
+        for batch in batched(ids):
+            make_way_for_writers(alias, held)
+            started = time.monotonic()
+            woken += runs.filter(pk__in=batch).wake_now()
+            held = time.monotonic() - started
+        return woken
 
     def wake_now(self) -> int:
         """Make these running runs due now, ahead of the queue, in one UPDATE; returns how many."""
