@@ -56,7 +56,7 @@ def retry_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wo
     """Revive the failed and cancelled runs selected (task runs too), a bounded batch at a time."""
     # The changelist reads where the router sends reads (a replica, maybe);
     # the revivals, and the read that picks them, go where writes go.
-    alias = write_alias(WorkflowRun, queryset._db)
+    alias = write_alias(WorkflowRun, queryset._db)  # type: ignore[attr-defined]
     selected = queryset.count()
     retryable = (
         queryset.using(alias)

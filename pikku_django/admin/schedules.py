@@ -155,7 +155,7 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin):
         # One manual tick each, at the database clock's now; a disabled
         # schedule (gone from PIKKU_SCHEDULES) is not triggered.
         # Triggered where writes go, never on the read database the changelist used.
-        alias = write_alias(WorkflowSchedule, queryset._db)
+        alias = write_alias(WorkflowSchedule, queryset._db)  # type: ignore[attr-defined]
         selected = queryset.count()
         enabled = list(queryset.using(alias).filter(enabled=True).values_list("name", flat=True))
         for name in enabled:
