@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from pikku_django.admin.base import has_change_perm, short_uuid
 from pikku_django.errors import InvalidArgumentError
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.operate import RETRYABLE_RUN_STATUSES, retry_run
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows.operate import fork_workflow
@@ -53,9 +54,16 @@ class RunStatusFilter(admin.SimpleListFilter):
 
 def retry_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
     """Revive the failed and cancelled runs selected (task runs too), a bounded batch at a time."""
-    alias = queryset.db
+    # The changelist reads where the router sends reads (a replica, maybe);
+    # the revivals, and the read that picks them, go where writes go.
+    alias = write_alias(WorkflowRun, queryset._db)  # type: ignore[attr-defined]
     selected = queryset.count()
-    retryable = queryset.filter(status__in=RETRYABLE_RUN_STATUSES).order_by().values_list("pk", flat=True)
+    retryable = (
+        queryset.using(alias)
+        .filter(status__in=RETRYABLE_RUN_STATUSES)
+        .order_by()
+        .values_list("pk", flat=True)
+    )
     ids = list(retryable)
     count = 0
     for start in range(0, len(ids), RETRY_BATCH):

@@ -18,6 +18,7 @@ from pikku_django.admin.base import (
     pretty_json,
     short_uuid,
 )
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.schedules import WorkflowScheduleQuerySet
 from pikku_django.models import WorkflowSchedule, WorkflowScheduleTick
 from pikku_django.schedule_report import iso, next_ticks, state
@@ -153,10 +154,12 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin):
     def trigger_schedules(self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule]) -> None:
         # One manual tick each, at the database clock's now; a disabled
         # schedule (gone from PIKKU_SCHEDULES) is not triggered.
+        # Triggered where writes go, never on the read database the changelist used.
+        alias = write_alias(WorkflowSchedule, queryset._db)  # type: ignore[attr-defined]
         selected = queryset.count()
-        enabled = list(queryset.filter(enabled=True).values_list("name", flat=True))
+        enabled = list(queryset.using(alias).filter(enabled=True).values_list("name", flat=True))
         for name in enabled:
-            schedules.trigger(name, using=queryset.db)
+            schedules.trigger(name, using=alias)
         self._report(request, "Triggered", len(enabled), selected - len(enabled), "disabled")
 
     def _report(self, request: HttpRequest, verb: str, count: int, skipped: int, why: str) -> None:

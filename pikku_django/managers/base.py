@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,6 +61,50 @@ def write_alias(model: type[Model], using: str | None) -> str:
     writes, and a read that decides a write must see the primary).
     """
     return using or router.db_for_write(model)
+
+
+#: How many runs one transaction of a bulk action covers (cancelling or waking
+#: a selection in the admin, ``WorkflowRunQuerySet.cancel()`` and ``wake()``).
+#: Cancelling a run costs a handful of statements, so a batch holds SQLite's
+#: write lock (row locks elsewhere) for a bounded time, and a lease renewal or
+#: a worker's step gets in between two batches however large the selection.
+BULK_BATCH_RUNS = 250
+
+
+def batched(ids: Iterable[Any], size: int = BULK_BATCH_RUNS) -> Iterator[list[Any]]:
+    """``ids`` in lists of at most ``size``, in order (``itertools.batched`` is Python 3.12+)."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"batch_size: a batch holds at least one run, not {size!r}.")
+    batch: list[Any] = []
+    for item in ids:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+#: The longest SQLite's busy handler sleeps between two tries for a lock.
+SQLITE_BUSY_POLL_S = 0.1
+
+
+def make_way_for_writers(alias: str, held_s: float) -> None:
+    """
+    Between two batches of a bulk write that held the write lock ``held_s``
+    seconds: on SQLite, pause that long, up to 100 ms. A writer waiting there
+    for the lock (a lease renewal, a worker's step) is not queued: SQLite's
+    busy handler sleeps and tries again, ever longer apart up to 100 ms, so a
+    bulk write that began its next batch at once would keep it out for the
+    whole selection and, past the busy timeout, fail it. A waiter's sleep is
+    about as long as it has waited so far, so the pause lets in every writer
+    that waited during the batch. Elsewhere waiters queue on row locks, and
+    inside an outer transaction the lock is kept anyway: no pause.
+    """
+    pause = min(held_s, SQLITE_BUSY_POLL_S)
+    connection = connections[alias]
+    if pause > 0 and connection.vendor == "sqlite" and not connection.in_atomic_block:
+        time.sleep(pause)
 
 
 #: A run a worker may drive: running, or suspended on a wait that may time out.

@@ -9,18 +9,23 @@ cancel or a second sweep changes nothing that was already decided.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 
+from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
+    BULK_BATCH_RUNS,
     FINISHED_RUN_STATUSES,
     WOKEN,
+    batched,
+    make_way_for_writers,
     serialize_error,
     take_write_lock,
 )
@@ -124,15 +129,38 @@ def settle_parent_step(alias: str, child_id: Any) -> None:
         work_due(alias)
 
 
-def cancel_runs(alias: str, run_ids: Iterable[Any]) -> int:
-    """Cancel the unfinished runs of ``run_ids`` and their unfinished children; returns how many."""
-    return len(
-        end_runs(alias, run_ids, status="cancelled", error=lambda run_id: WorkflowCancelledError(run_id))
-    )
+def cancel_runs(alias: str, run_ids: Iterable[Any], *, batch_size: int = BULK_BATCH_RUNS) -> int:
+    """
+    Cancel the unfinished runs of ``run_ids`` and their unfinished children,
+    ``batch_size`` runs to a transaction (see ``end_runs``), so other writers
+    get in between two batches however many runs there are (on SQLite, in a
+    pause made for them: ``make_way_for_writers``). Returns how many
+    of ``run_ids`` this call cancelled: directly, or as a child of one
+    cancelled in an earlier batch.
+    """
+    validate.whole("batch_size", batch_size, minimum=1, maximum=validate.MAX_INTEGER)
+    cancelled = 0
+    descendants: set[Any] = set()
+    held = 0.0
+    for batch in batched(run_ids, batch_size):
+        make_way_for_writers(alias, held)
+        started = time.monotonic()
+        ended, children = _end_batch(
+            alias, batch, status="cancelled", error=lambda run_id: WorkflowCancelledError(run_id)
+        )
+        held = time.monotonic() - started
+        cancelled += len(ended) + sum(1 for run_id in batch if run_id in descendants)
+        descendants |= children
+    return cancelled
 
 
 def time_out_runs(alias: str, run_ids: Iterable[Any]) -> int:
-    """Fail the runs of ``run_ids`` past their deadline (and cancel their children); returns how many."""
+    """
+    Fail the runs of ``run_ids`` past their deadline (and cancel their
+    children), in one transaction: the sweep passes a bounded number, and
+    each run it names fails with its own timeout, not cancelled as another's
+    child. Returns how many.
+    """
     return len(
         end_runs(
             alias,
@@ -158,14 +186,32 @@ def end_runs(
     its unfinished descendants likewise, and settle the parent step of each
     run ended. Returns the ids of the runs it ended.
     """
+    ended, _ = _end_batch(alias, list(run_ids), status=status, error=error, guard=guard)
+    return ended
+
+
+def _end_batch(
+    alias: str,
+    run_ids: list[Any],
+    *,
+    status: str,
+    error: Any,
+    guard: Q | None = None,
+) -> tuple[list[Any], set[Any]]:
+    """
+    ``end_runs`` in one transaction; returns the ids of the runs of
+    ``run_ids`` it ended and those of the descendants it cancelled.
+    """
     from pikku_django.models import WorkflowRun
 
     runs = WorkflowRun.objects.using(alias)
     ended: list[Any] = []
+    children_ended: list[Any] = []
+    descendants: set[Any] = set()
     with transaction.atomic(using=alias):
         take_write_lock(alias)
         for run_id in run_ids:
-            _lock_parent(alias, run_id)
+            parent_id = _lock_parent(alias, run_id)
             rows = runs.filter(pk=run_id).exclude(status__in=FINISHED_RUN_STATUSES)
             if guard is not None:
                 rows = rows.filter(guard)
@@ -173,28 +219,41 @@ def end_runs(
             if rows.update(status=status, wake_at=None, error=stored, updated_at=DbNow()):
                 _fence_steps(alias, [run_id], stored)
                 ended.append(run_id)
+                if parent_id is not None:
+                    children_ended.append(run_id)
         frontier = list(ended)
         while frontier:
-            children = list(
-                runs.filter(parent_id__in=frontier)
-                .exclude(status__in=FINISHED_RUN_STATUSES)
-                .values_list("pk", flat=True)
-            )
-            for child_id in children:
-                stored = serialize_error(WorkflowCancelledError(child_id))
-                runs.filter(pk=child_id).exclude(status__in=FINISHED_RUN_STATUSES).update(
-                    status="cancelled", wake_at=None, error=stored, updated_at=DbNow()
-                )
-                _fence_steps(alias, [child_id], stored)
-            frontier = children
-        for run_id in ended:
+            frontier = _cancel_children(alias, frontier)
+            descendants.update(frontier)
+        # A top-level run has no parent step parked on it: only a child's end is handed on.
+        for run_id in children_ended:
             settle_parent_step(alias, run_id)
-    return ended
+    return ended, descendants
 
 
-def _lock_parent(alias: str, run_id: Any, parent_id: Any = UNKNOWN) -> None:
+def _cancel_children(alias: str, parent_ids: list[Any]) -> list[Any]:
+    """Cancel the unfinished children of ``parent_ids``, fencing their steps; returns their ids."""
+    from pikku_django.models import WorkflowRun
+
+    runs = WorkflowRun.objects.using(alias)
+    children = list(
+        runs.filter(parent_id__in=parent_ids)
+        .exclude(status__in=FINISHED_RUN_STATUSES)
+        .values_list("pk", flat=True)
+    )
+    for child_id in children:
+        stored = serialize_error(WorkflowCancelledError(child_id))
+        runs.filter(pk=child_id).exclude(status__in=FINISHED_RUN_STATUSES).update(
+            status="cancelled", wake_at=None, error=stored, updated_at=DbNow()
+        )
+        _fence_steps(alias, [child_id], stored)
+    return children
+
+
+def _lock_parent(alias: str, run_id: Any, parent_id: Any = UNKNOWN) -> Any:
     """
-    Lock the parent run (if any) before the run itself. Every transaction
+    Lock the parent run (if any) before the run itself; returns the parent's
+    id (None for a top-level run or one that is not there). Every transaction
     here then takes rows parent first (parent run, its steps, the child run,
     the child's steps), so ending a child while its parent is cancelled
     queues one behind the other instead of deadlocking.
@@ -206,6 +265,7 @@ def _lock_parent(alias: str, run_id: Any, parent_id: Any = UNKNOWN) -> None:
         parent_id = runs.filter(pk=run_id).values_list("parent_id", flat=True).first()
     if parent_id is not None:
         list(runs.select_for_update().filter(pk=parent_id).values_list("pk", flat=True))
+    return parent_id
 
 
 def _fence_steps(alias: str, run_ids: list[Any], error: dict[str, Any]) -> None:

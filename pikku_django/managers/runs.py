@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -16,6 +17,8 @@ from pikku_django.managers.base import (
     SWEEP_BACKOFF_MAX_MS,
     SWEEP_BACKOFF_MS,
     WOKEN,
+    batched,
+    make_way_for_writers,
     write_alias,
 )
 from pikku_django.wakeups import work_due
@@ -123,7 +126,28 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         )
 
     def wake(self) -> int:
-        """Make these running runs due now, ahead of the queue; returns how many."""
+        """
+        Make these running runs due now, ahead of the queue; returns how many.
+        One guarded UPDATE per ``BULK_BATCH_RUNS`` of them, each its own
+        transaction in autocommit, so waking a large selection never holds
+        the write lock for long (and, on SQLite, with a pause between two for
+        the writers waiting: ``make_way_for_writers``). The selection is read once, first (a list of
+        ids, not a cursor left open beside the writes). For a run or two,
+        ``wake_now()``.
+        """
+        alias = write_alias(self.model, self._db)  # type: ignore[attr-defined]
+        ids = list(self.using(alias).running().order_by().values_list("pk", flat=True))
+        runs = self.model._default_manager.db_manager(alias).get_queryset()
+        woken, held = 0, 0.0
+        for batch in batched(ids):
+            make_way_for_writers(alias, held)
+            started = time.monotonic()
+            woken += runs.filter(pk__in=batch).wake_now()
+            held = time.monotonic() - started
+        return woken
+
+    def wake_now(self) -> int:
+        """Make these running runs due now, ahead of the queue, in one UPDATE; returns how many."""
         woken = self.running().update(wake_at=WOKEN)
         if woken:
             work_due(self.db or "default")
@@ -169,12 +193,17 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     def cancel(self) -> int:
         """
         Cancel these unfinished runs and their unfinished children, fencing
-        out any step running for them; returns how many of these were cancelled.
+        out any step running for them; returns how many of these were
+        cancelled. The selection is read once, then cancelled
+        ``BULK_BATCH_RUNS`` runs to a transaction (``cancel_runs``): a run,
+        its children and the parent step waiting on it always end together.
         """
         from pikku_django.managers.lifecycle import cancel_runs
 
         alias = write_alias(self.model, self._db)  # type: ignore[attr-defined]
-        return cancel_runs(alias, list(self.using(alias).unfinished().values_list("pk", flat=True)))
+        return cancel_runs(
+            alias, list(self.using(alias).unfinished().order_by().values_list("pk", flat=True))
+        )
 
     def timed_out(self) -> WorkflowRunQuerySet:
         """Unfinished runs past their deadline on the database clock."""

@@ -285,7 +285,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             if not failed:
                 return False
             _write_attempt(alias, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
-            WorkflowRun.objects.db_manager(alias).get_queryset().filter(pk=step.run_id).wake()
+            WorkflowRun.objects.db_manager(alias).get_queryset().filter(pk=step.run_id).wake_now()
         logger.warning("%s", error["message"])
         return True
 
