@@ -28,6 +28,7 @@ from pikku_django.admin.operate import (
     full_list_link,
     retry_selected,
 )
+from pikku_django.admin.run_search import WorkflowFilter, search_runs
 from pikku_django.admin.steps import WorkflowStepInline
 from pikku_django.admin.timeline import run_timeline
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
@@ -66,8 +67,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "updated_at",
     ]
     list_display_links = ["short_id"]
-    list_filter = [RunStatusFilter, "workflow", ItemsFilter]
-    search_fields = ["id", "workflow"]
+    list_filter = [RunStatusFilter, WorkflowFilter, ItemsFilter]
+    # Searched by search_runs (exact names and keys, id prefixes as ranges).
+    search_fields = ["id", "workflow", "idempotency_key"]
+    search_help_text = "A run id (or its first characters), a workflow name, or an idempotency key."
     fields = [
         "id",
         "workflow",
@@ -120,6 +123,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             steps_done=step_counts(StepStatus.SUCCEEDED),
             **waiting_annotations(),
         )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
+    ) -> tuple[QuerySet[WorkflowRun], bool]:
+        return search_runs(queryset, search_term), False
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: WorkflowRun) -> str:
