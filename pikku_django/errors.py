@@ -207,6 +207,23 @@ class WorkflowCancelledError(PikkuError):
         )
 
 
+class IdempotencySnapshotError(PikkuError, TransactionManagementError):
+    """
+    A start lost its idempotency-key race to a run that the caller's
+    transaction cannot see: its snapshot is older (REPEATABLE READ or
+    SERIALIZABLE on PostgreSQL). Retry the transaction, or start under READ
+    COMMITTED (Django's default).
+    """
+
+    def __init__(self, idempotency_key: str) -> None:
+        self.idempotency_key = idempotency_key
+        super().__init__(
+            f"idempotency_key {idempotency_key!r}: a concurrent transaction started its run, which this "
+            "transaction's snapshot cannot see (isolation REPEATABLE READ or SERIALIZABLE); retry the "
+            "transaction, or use READ COMMITTED."
+        )
+
+
 class ItemNotStartedError(PikkuError):
     """An item of a ``ctx.map`` that was never started: another item of it failed first."""
 

@@ -10,7 +10,7 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
-from pikku_django.errors import InvalidArgumentError
+from pikku_django.errors import IdempotencySnapshotError, InvalidArgumentError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
@@ -311,7 +311,7 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
                         priority=priority,
                     )
             except IntegrityError:
-                run = runs.get(idempotency_key=idempotency_key)
+                run = _winner(runs, alias, idempotency_key)
         if run.workflow != workflow:
             raise InvalidArgumentError(
                 f"idempotency_key {idempotency_key!r} already started a run of workflow {run.workflow!r}, "
@@ -331,6 +331,23 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         return list(
             self.get_queryset().idle(idle_ms).order_by("updated_at").values_list("pk", flat=True)[:limit]
         )
+
+
+def _winner(runs: WorkflowRunQuerySet, alias: str, idempotency_key: str) -> WorkflowRun:
+    """
+    The run that won a start's race for ``idempotency_key``. Inside a
+    caller's transaction the read locks, so that under REPEATABLE READ
+    (MySQL's and MariaDB's default) it reads the winner's committed row, not
+    the transaction's older snapshot; on PostgreSQL a snapshot that cannot
+    see it is a clear error (``IdempotencySnapshotError``).
+    """
+    if connections[alias].in_atomic_block:
+        run = runs.select_for_update().filter(idempotency_key=idempotency_key).first()
+    else:
+        run = runs.filter(idempotency_key=idempotency_key).first()
+    if run is None:
+        raise IdempotencySnapshotError(idempotency_key)
+    return run
 
 
 def refuse_internal(workflow: object, internal: bool) -> None:
