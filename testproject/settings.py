@@ -15,8 +15,10 @@ env = environ.Env()
 SECRET_KEY = "pikku-django-testproject-not-secret"
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
-USE_TZ = True
-TIME_ZONE = "UTC"
+# PIKKU_USE_TZ=0 and PIKKU_TIME_ZONE: the settings matrix .ci/run also runs
+# (USE_TZ = False, in a zone with DST, as older projects have it).
+USE_TZ = env.bool("PIKKU_USE_TZ", default=True)
+TIME_ZONE = env.str("PIKKU_TIME_ZONE", default="UTC")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
