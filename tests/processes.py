@@ -53,6 +53,9 @@ for line in sys.stdin:
 
 
 def epoch_ms(value: datetime.datetime) -> int:
+    """A stored instant in epoch ms; naive (USE_TZ = False) means UTC, as the app writes it."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
     return int(value.timestamp() * 1000)
 
 
