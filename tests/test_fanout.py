@@ -270,6 +270,14 @@ class ChildrenTests(TransactionTestCase):
         assert [child.status for child in items_of(run)] == ["completed", "cancelled", "cancelled"]
         assert fresh(run).status == "cancelled"
 
+    def test_a_ctx_workflow_child_runs_on_its_parents_queue_and_priority(self) -> None:
+        run = start_workflow(
+            "test.parent", {"child": "test.double", "child_input": 4}, queue="bulk", priority=7
+        )
+        run_workflow(run.pk)
+        child = WorkflowRun.objects.get(parent=run)
+        assert (child.queue, child.priority, child.parent_step_id) == ("bulk", 7, None)
+
     def test_inline_drives_the_children_too(self) -> None:
         run = start_workflow(
             "test.fan_parent", {"inputs": [{"i": 0}, {"i": 1}], "max_parallel": 1}, inline=True
