@@ -152,6 +152,8 @@ class LeaseRenewal(KeepAlive):
     def __init__(self, lease: Lease, ttl_ms: int, using: str) -> None:
         super().__init__(f"lease {lease.key!r} (token {lease.token})", ttl_ms, using)
         self.lease = lease
+        # What a release the body made itself answered (``HeldLease.released``), else None.
+        self.released: bool | None = None
 
     def renew(self) -> bool:
         renewed = Lease.objects.db_manager(self.using).refresh(self.lease, self.ttl_ms)
@@ -215,6 +217,24 @@ class HeldLease:
         if self.lost.is_set():
             raise LeaseLostError(self.key, self.token)
 
+    def stop_renewing(self) -> None:
+        """
+        Stop renewing, before the body releases the lease itself in a
+        transaction of its own (``released``): a renewal racing that release
+        would find the lease lapsed and take it for lost.
+        """
+        self._renewal.stop()
+
+    def released(self, released: bool) -> None:
+        """
+        The body released the lease itself, inside the transaction that wrote
+        its last work (``LeaseManager.release_within``), and it said
+        ``released``. The exit then sends no release of its own and judges
+        the lease by this answer, as it judges its own release.
+        """
+        self._renewal.stop()
+        self._renewal.released = released
+
 
 @contextmanager
 def hold_lease(
@@ -233,36 +253,51 @@ def hold_lease(
     lease = Lease.objects.db_manager(alias).acquire(key, holder, ttl)
     if lease is None:
         raise LeaseTakenError(key)
-    renewal = LeaseRenewal(lease, ttl, alias)
+    with keep_lease(lease, ttl, using=alias) as held:
+        yield held
+
+
+@contextmanager
+def keep_lease(lease: Lease, ttl_ms: int, *, using: str) -> Iterator[HeldLease]:
+    """
+    ``hold_lease`` for a lease already acquired (say, in the transaction that
+    took the work it guards): renewed every ttl/3 while the body runs,
+    released on exit, ``LeaseLostError`` on exit if it was lost meanwhile.
+    """
+    key = str(lease.key)
+    renewal = LeaseRenewal(lease, ttl_ms, using)
     renewal.start()
     try:
         yield HeldLease(renewal)
     except BaseException as error:
-        if not _end(renewal, alias):
+        if not _end(renewal, using):
             # The body's own exception goes on; the loss rides along with it.
             lost = LeaseLostError(key, renewal.lease.token)
             logger.warning("%s (the body raised %r)", lost, error)
             if hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(str(lost))
         raise
-    if not _end(renewal, alias):
+    if not _end(renewal, using):
         raise LeaseLostError(key, renewal.lease.token)
 
 
 def _end(renewal: LeaseRenewal, alias: str) -> bool:
     """
-    Stop renewing and release the lease. True if it was held to the end: no
-    renewal found it lost and the release found it still ours and live.
+    Stop renewing and release the lease (unless the body released it). True
+    if it was held to the end: no renewal found it lost and the release
+    found it still ours and live.
     """
     renewal.stop()
     if renewal.lost.is_set():
         return False
-    try:
-        released = Lease.objects.db_manager(alias).release(renewal.lease)
-    except Exception:
-        # Unknown, not lost: it lapses on its own at expires_at.
-        logger.warning("Releasing %s failed; it will lapse.", renewal.name, exc_info=True)
-        return True
+    released = renewal.released
+    if released is None:
+        try:
+            released = Lease.objects.db_manager(alias).release(renewal.lease)
+        except Exception:
+            # Unknown, not lost: it lapses on its own at expires_at.
+            logger.warning("Releasing %s failed; it will lapse.", renewal.name, exc_info=True)
+            return True
     if not released:
         logger.warning("%s was lost: it had lapsed or passed to another holder by the release.", renewal.name)
         renewal.lost.set()

@@ -17,7 +17,6 @@ from typing import Any
 from django.db import DatabaseError
 
 from pikku_django import validate
-from pikku_django.clock import DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import (
     DatabaseUnavailableError,
@@ -29,14 +28,15 @@ from pikku_django.errors import (
 )
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
-from pikku_django.managers import ACTIVE_RUN_STATUSES
 from pikku_django.managers.base import write_alias
+from pikku_django.managers.passes import Take, take_run
 from pikku_django.managers.wakeups import Listener, carries_notifications
-from pikku_django.models import WorkflowRun
+from pikku_django.models import Lease, WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.queues import queue_slot
 from pikku_django.schedules import tick
 from pikku_django.worker_loops import SchedulerLoop, SweepLoop
+from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
@@ -334,38 +334,38 @@ class Worker:
             with queue_slot(queue, holder, using=self.using) as slot:
                 if not slot:
                     return None
-                if not self.take(run_id, wake_at):
+                took = self.take(run_id, wake_at, holder)
+                if not took.taken:
                     return False
+                if took.lease is None:
+                    # Its run lease is another pass's: the take made it due a little later.
+                    return True
                 # Read once, after the take (the due query reads only ids).
                 run = WorkflowRun.objects.db_manager(self.using).get_queryset().filter(pk=run_id).first()
                 if run is None:
                     return False
-                self.drive(run, holder)
+                self.drive(run, holder, lease=took.lease)
                 return True
         except LeaseLostError:
             # The pass is over; its writes were fenced by their own leases.
             logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
             return True
 
-    def take(self, run_id: Any, wake_at: int | None) -> bool:
+    def take(self, run_id: Any, wake_at: int | None, holder: str | None = None) -> Take:
         """
-        Claim one due run for a pass: move its ``wake_at`` to when this pass's
-        run lease would lapse, guarded by the value read, and mark it running
-        (a suspended run taken is one whose wait timed out). Another lane that
+        Claim one due run for a pass, with its run lease, in one commit
+        (``managers.passes.take_run``): its ``wake_at`` moves to when the
+        lease would lapse, guarded by the value read, so another lane that
         read the same value matches nothing; if this one dies, the run is due
         again once its lease is gone.
         """
-        runs = WorkflowRun.objects.db_manager(self.using)
-        return bool(
-            runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
-                wake_at=DbNowMs() + conf.LEASE_TTL_MS, status="running"
-            )
-        )
+        holder = holder or self.lane_holder(0)
+        return take_run(self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
 
-    def drive(self, run: WorkflowRun, holder: str | None = None) -> None:
+    def drive(self, run: WorkflowRun, holder: str | None = None, *, lease: Lease | None = None) -> None:
         run_id = run.pk
         try:
-            run = drive_run(run, holder=holder or self.lane_holder(0), stop=self.stopping)
+            run = drive_run(run, holder=holder or self.lane_holder(0), stop=self.stopping, lease=lease)
         except OUTAGE_ERRORS:
             # The lane waits the outage out; the run is due again when its lease lapses.
             raise

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, router, transaction
@@ -79,11 +80,17 @@ def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[No
 
 
 def batch(
-    connection: BaseDatabaseWrapper, cursor: Any, names: list[str], params: dict[str, Any]
+    connection: BaseDatabaseWrapper,
+    cursor: Any,
+    names: list[str],
+    params: dict[str, Any],
+    *,
+    within: bool = False,
 ) -> list[Any]:
     """
     MySQL/MariaDB: the statements ``names`` in one transaction and one round
-    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``).
+    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``);
+    ``within=True``: in the transaction the caller opened (``one_transaction``).
     Returns each statement's (rows matched, LAST_INSERT_ID, rows, description).
     An error stops
     the server at that statement, and the transaction is rolled back.
@@ -97,12 +104,12 @@ def batch(
 
     if not connection.settings_dict["OPTIONS"].get("multi_statements", True):
         # The project turned multi-statements off: the same transaction, a statement at a time.
-        with one_transaction(connection, cursor):
+        with nullcontext() if within else one_transaction(connection, cursor):
             for text in texts:
                 cursor.execute(text, params)
                 results.append(result())
         return results
-    explicit = connection.get_autocommit() and not connection.in_atomic_block
+    explicit = not within and connection.get_autocommit() and not connection.in_atomic_block
     if explicit:
         texts = [sql.statement("transaction_begin", connection), *texts]
         texts.append(sql.statement("transaction_commit", connection))
@@ -294,45 +301,81 @@ class StepAttemptsMixin:
         writes nothing. Returns the result as a replay will return it (its
         JSON round trip).
         """
+        finish = self.prepare_finish(step_id, attempt, result=result, error=error)
+        self.write_finish(finish)
+        return finish.stored
+
+    def prepare_finish(
+        self, step_id: Any, attempt: int, *, result: Any = None, error: BaseException | None = None
+    ) -> PreparedFinish:
+        """
+        An attempt's outcome, validated and encoded, ready for ``write_finish``
+        (a result that cannot be stored raises ``InvalidArgumentError`` here,
+        before any SQL): a pass may keep it until its next write.
+        """
         validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         if error is not None:
             if not isinstance(error, BaseException):
                 raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}.")
-            status, result_text, error_text = "failed", None, json.dumps(serialize_error(error))
-        else:
-            status, result_text, error_text = "succeeded", json_text("result", result), None
+            return PreparedFinish(step_id, attempt, "failed", None, json.dumps(serialize_error(error)))
+        return PreparedFinish(step_id, attempt, "succeeded", json_text("result", result), None)
+
+    def write_finish(self, finish: PreparedFinish, *, within: bool = False) -> None:
+        """
+        Write a prepared outcome, fenced to its attempt: one commit of its own,
+        or with ``within=True`` statements of the caller's transaction (the
+        pass's outcome, committed with it). A superseded attempt raises
+        ``StepSupersededError`` having written nothing.
+        """
         connection = self._write_connection()
         params: dict[str, Any] = {
-            "step_id": self.model._meta.pk.get_db_prep_value(step_id, connection),
-            "attempt": attempt,
-            "status": status,
-            "result": result_text,
-            "error": error_text,
+            "step_id": self.model._meta.pk.get_db_prep_value(finish.step_id, connection),
+            "attempt": finish.attempt,
+            "status": finish.status,
+            "result": finish.result_text,
+            "error": finish.error_text,
             **now_params(connection),
         }
-        text = sql.statement("step_finish", connection)
         with hot_cursor(connection) as cursor:
-            if connection.vendor == "postgresql":
-                # The fenced UPDATE and the history row are one statement.
-                cursor.execute(text, params)
-                written = cursor.fetchone() is not None
-            elif connection.vendor == "mysql":
-                # The fenced UPDATE and its history row in one transaction and one round trip.
-                _, (matched, *_), _ = batch(
-                    connection, cursor, ["mark", "step_finish", "step_finish_history"], params
-                )
-                written = matched == 1
-            else:
-                try:
-                    with one_transaction(connection, cursor):
-                        cursor.execute(text, params)
-                        if cursor.rowcount != 1:
-                            raise StepSupersededError(step_id, attempt)
-                        cursor.execute(sql.statement("step_finish_history", connection), params)
-                except StepSupersededError:
-                    written = False
-                else:
-                    written = True
-        if not written:
-            raise StepSupersededError(step_id, attempt)
-        return None if result_text is None else json.loads(result_text)
+            if not _write_finish(connection, cursor, params, within=within):
+                raise StepSupersededError(finish.step_id, finish.attempt)
+
+
+@dataclass(frozen=True)
+class PreparedFinish:
+    """An attempt's outcome as ``write_finish`` writes it: status and JSON texts."""
+
+    step_id: Any
+    attempt: int
+    status: str
+    result_text: str | None
+    error_text: str | None
+
+    @property
+    def stored(self) -> Any:
+        """The result as a replay returns it (its JSON round trip)."""
+        return None if self.result_text is None else json.loads(self.result_text)
+
+
+def _write_finish(
+    connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
+) -> bool:
+    """The fenced UPDATE of an attempt's outcome and its history row; False if superseded."""
+    text = sql.statement("step_finish", connection)
+    if connection.vendor == "postgresql":
+        # The fenced UPDATE and the history row are one statement.
+        cursor.execute(text, params)
+        return cursor.fetchone() is not None
+    if connection.vendor == "mysql":
+        # The fenced UPDATE and its history row in one round trip (and one
+        # transaction, unless the caller's holds them).
+        names = ["mark", "step_finish", "step_finish_history"]
+        _, (matched, *_), _ = batch(connection, cursor, names, params, within=within)
+        return bool(matched == 1)
+    with nullcontext() if within else one_transaction(connection, cursor):
+        cursor.execute(text, params)
+        if cursor.rowcount != 1:
+            # Nothing was written: the transaction commits empty.
+            return False
+        cursor.execute(sql.statement("step_finish_history", connection), params)
+    return True

@@ -63,9 +63,27 @@ class LeaseManager(models.Manager["Lease"]):
         }
         return self._acquire(params)
 
-    def _acquire(self, params: dict[str, Any], *, portable: bool = False) -> Lease | None:
+    def acquire_within(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
+        """
+        ``acquire`` as one statement of the caller's transaction, which takes
+        the work the lease guards in the same commit (a worker's take of a
+        run). The caller relies on the lease only once that transaction has
+        committed: rolled back, it was never granted, and its token never
+        seen by anyone.
+        """
+        params = {
+            "key": validate.name("key", key),
+            "holder": validate.name("holder", holder),
+            "ttl_ms": validate.positive_ms("ttl_ms", ttl_ms),
+        }
+        return self._acquire(params, within=True)
+
+    def _acquire(
+        self, params: dict[str, Any], *, portable: bool = False, within: bool = False
+    ) -> Lease | None:
         connection = self._connection()
-        ensure_autocommit(connection)
+        if not within:
+            ensure_autocommit(connection)
         with hot_cursor(connection) as cursor:
             # One statement; on MySQL 8, the upsert and its read-back (sql.MYSQL_LEASE_ACQUIRE).
             for text in sql.statements("lease_acquire", connection, portable=portable):
@@ -105,8 +123,16 @@ class LeaseManager(models.Manager["Lease"]):
         the token stays. True if it was; False if it had already lapsed or
         passed to another holder (so it was not held to the end).
         """
+        ensure_autocommit(self._connection())
+        return self.release_within(lease)
+
+    def release_within(self, lease: Lease) -> bool:
+        """
+        ``release`` as one statement of the caller's transaction, which
+        records the last work the lease guarded in the same commit (a pass's
+        outcome): rolled back, the lease is still held and lapses on its own.
+        """
         connection = self._connection()
-        ensure_autocommit(connection)
         with hot_cursor(connection) as cursor:
             cursor.execute(
                 sql.statement("lease_release", connection),

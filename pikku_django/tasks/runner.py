@@ -7,6 +7,7 @@ at startup when ``TASKS`` names this backend).
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -27,6 +28,10 @@ from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, re
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
 from pikku_django.workflows.waits import Stop, Suspend
+
+#: The result an attempt starts with is RUNNING whatever its step's lease says:
+#: no clock is needed to judge it.
+NOT_JUDGED = 0
 
 
 def _read(ctx: RunContext) -> Any:
@@ -70,6 +75,27 @@ def _last_attempt(ctx: RunContext) -> bool:
     return step.is_exhausted
 
 
+def _when_done(task_result: Any, value: Any, sender: type) -> Any:
+    """
+    What sends ``task_finished`` SUCCESSFUL for the attempt that returned
+    ``value``: called once the run's completion has committed, so a result
+    is never reported done before its outcome is stored. Its ``finished_at``
+    is the run's, read back (one read).
+    """
+
+    def send(run: WorkflowRun) -> None:
+        runs = WorkflowRun.objects.using(run._state.db)
+        finished_at = runs.values_list("updated_at", flat=True).get(pk=run.pk)
+        done = copy.copy(task_result)
+        object.__setattr__(done, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(done, "finished_at", finished_at)
+        object.__setattr__(done, "errors", list(task_result.errors))
+        object.__setattr__(done, "_return_value", value)
+        task_finished.send(sender=sender, task_result=done)
+
+    return send
+
+
 @workflow(TASK_WORKFLOW, internal=True)
 def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     """Run the stored task once per attempt; its return value is the run's output."""
@@ -77,14 +103,13 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     alias = input["backend"]
     sender = type(task_backends[alias])
     args, kwargs = input["args"], input["kwargs"]
-    called: list[Any] = []
 
     # Named after the task's function, so the step's rpc_name is the task's
     # path, and a replay with any other function is refused.
     @functools.wraps(task.func)
     def attempt() -> Any:
-        run = _read(ctx)
-        result = read_result(task, alias, run, run.db_now_ms)
+        # One read, of the step's attempts; the run is as the worker's take read it.
+        result = read_result(task, alias, ctx.run, NOT_JUDGED)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender=sender, task_result=result)
         try:
@@ -95,23 +120,17 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
                 # receivers (Django's own logs it with logger.exception) see it.
                 stored = serialize_error(error)
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", run.db_now)
+                object.__setattr__(result, "finished_at", _read(ctx).db_now)
                 result.errors.append(
                     TaskError(exception_class_path=stored["type"], traceback=stored["traceback"])
                 )
                 task_finished.send(sender=sender, task_result=result)
             raise
-        called.append(value)
+        # This pass ran the successful attempt: SUCCESSFUL once its outcome commits.
+        ctx.on_completed(_when_done(result, value, sender))
         return value
 
-    value = ctx.step(TASK_STEP, attempt, retries=input["retries"], lease_ms=input.get("lease_ms"))
-    if called:
-        # This pass ran the successful attempt: its result is recorded now.
-        run = _read(ctx)
-        run.status, run.output, run.updated_at = "completed", value, run.db_now
-        done = read_result(task, alias, run, run.db_now_ms)
-        task_finished.send(sender=sender, task_result=done)
-    return value
+    return ctx.step(TASK_STEP, attempt, retries=input["retries"], lease_ms=input.get("lease_ms"))
 
 
 __all__ = ["TASK_STEP", "TASK_WORKFLOW", "run_task"]

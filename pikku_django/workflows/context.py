@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -23,6 +24,7 @@ from pikku_django.errors import (
 )
 from pikku_django.keeper import keeper
 from pikku_django.leases import HeldLease, KeepAlive
+from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.fence import RunFence
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.current import StepHandle, running_step
@@ -90,6 +92,19 @@ def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return data
 
 
+@dataclass
+class PendingOutcome:
+    """
+    A step's success not yet committed: its outcome as it will be written
+    (fenced to its attempt), and the renewal that keeps its step lease
+    alive until then, so no claim or sweep takes the step for lost meanwhile.
+    """
+
+    step: WorkflowStep
+    finish: PreparedFinish
+    renewal: StepLeaseRenewal
+
+
 class RunContext(FanOutMixin, WaitsMixin):
     """
     What a workflow function is called with: ``fn(ctx, input)``. Besides
@@ -118,6 +133,11 @@ class RunContext(FanOutMixin, WaitsMixin):
         self.holder = held.lease.holder if held is not None else None
         self._seen: set[str] = set()
         self._signal_waits: dict[str, int] = {}
+        # A pass defers a step's success to its next write (see ``flush_outcome``);
+        # a context made by hand, outside a pass, writes each outcome at once.
+        self._defers = held is not None
+        self._pending: PendingOutcome | None = None
+        self._completed: list[Callable[[WorkflowRun], None]] = []
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
 
@@ -208,6 +228,55 @@ class RunContext(FanOutMixin, WaitsMixin):
             if step.status != "succeeded":
                 step = steps.get(pk=step.pk)
 
+    @property
+    def run_lease(self) -> HeldLease | None:
+        """The run lease this pass holds (None outside a pass)."""
+        return self._held
+
+    @property
+    def run_fence(self) -> RunFence | None:
+        """The fence of this pass's run-level writes (None outside a pass)."""
+        return self._fence
+
+    # -- the pending outcome ---------------------------------------------------------
+
+    def flush_outcome(self) -> None:
+        """
+        Commit the pending step success on its own, before any other use of
+        the store by this pass: then every step that ended before a call is
+        recorded before the call writes or decides anything. A superseded
+        attempt's outcome is refused, and the pass stops (``Stop``).
+        """
+        pending = self.take_outcome()
+        if pending is not None:
+            self._write_outcome(pending.step, pending.finish)
+
+    def take_outcome(self) -> PendingOutcome | None:
+        """
+        The pending step success, handed to the write that will commit it
+        with the run's outcome (``runner``); its step lease is no longer renewed.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.renewal.stop()
+        return pending
+
+    def on_completed(self, callback: Callable[[WorkflowRun], None]) -> None:
+        """
+        Call ``callback(run)`` once this pass has committed the run's
+        completion (never before, and not at all if another pass or a cancel
+        decided the run): what reports a result done waits for its commit.
+        """
+        self._completed.append(callback)
+
+    def completed(self) -> None:
+        """The run's completion has committed: tell those who asked (``on_completed``)."""
+        for callback in self._completed:
+            try:
+                callback(self.run)
+            except Exception:
+                logger.exception("A callback on the completion of run %s failed.", self.run_id)
+
     def _wait_for(self, step: WorkflowStep) -> None:
         """A step this pass could not claim: replay it, or suspend until it can move."""
         if step.status == "succeeded" or (step.status == "failed" and step.is_exhausted):
@@ -255,33 +324,42 @@ class RunContext(FanOutMixin, WaitsMixin):
                     # the keeper while it awaits); a replay never calls it.
                     result = _wait_for(result)
         except PASS_CONTROL:
+            renewal.stop()
             raise
         except BaseException as error:
             # Whatever the step raises is its attempt's error, SystemExit and
             # KeyboardInterrupt included: only the worker's own signals stop it.
             renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
-            self._fenced(step, error=error)
+            self._write_outcome(step, self._steps_store().prepare_finish(step.pk, step.attempt, error=error))
             return
-        finally:
-            renewal.stop()
         try:
             # The result is refused before any SQL runs when it is not JSON.
-            stored = self._fenced(step, result=result)
+            finish = self._steps_store().prepare_finish(step.pk, step.attempt, result=result)
         except InvalidArgumentError as error:
+            renewal.stop()
             bad = TypeError(
                 f"Step {step.step_name!r} returned a result that cannot be stored "
                 f"(not JSON, too large or holding a NUL): {error}"
             )
-            self._fenced(step, error=bad)
+            self._write_outcome(step, self._steps_store().prepare_finish(step.pk, step.attempt, error=bad))
             return
-        step.status, step.result, step.error, step.lease_expires_at = "succeeded", stored, None, None
+        if self._defers:
+            # Committed by the pass's next write, or with the run's outcome
+            # when the workflow ends here: one commit fewer. A crash before
+            # then runs the step again as a new attempt, under the same fence.
+            self._pending = PendingOutcome(step, finish, renewal)
+        else:
+            renewal.stop()
+            self._write_outcome(step, finish)
+        step.status, step.result, step.error, step.lease_expires_at = "succeeded", finish.stored, None, None
 
-    def _fenced(self, step: WorkflowStep, **outcome: Any) -> Any:
+    def _steps_store(self) -> Any:
+        return WorkflowStep.objects.db_manager(self._using)
+
+    def _write_outcome(self, step: WorkflowStep, finish: PreparedFinish) -> None:
         try:
-            return WorkflowStep.objects.db_manager(self._using).finish_attempt(
-                step.pk, step.attempt, **outcome
-            )
+            self._steps_store().write_finish(finish)
         except StepSupersededError:
             # A newer attempt owns the step (this one's lease lapsed): its
             # outcome is the step's, and this pass is stale.

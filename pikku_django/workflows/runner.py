@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
@@ -19,14 +19,15 @@ from pikku_django.errors import (
     LeaseTakenError,
     RunStoreError,
     StepFailedError,
+    StepSupersededError,
     StoreFailure,
     WorkerAbortedError,
 )
-from pikku_django.leases import hold_lease
+from pikku_django.leases import hold_lease, keep_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.lifecycle import finish_run
+from pikku_django.managers.passes import finish_pass
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
@@ -127,17 +128,24 @@ def run_workflow(
 
 
 def drive_run(
-    run: WorkflowRun, *, holder: str | None = None, stop: threading.Event | None = None
+    run: WorkflowRun,
+    *,
+    holder: str | None = None,
+    stop: threading.Event | None = None,
+    lease: Lease | None = None,
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
     pass, without reading the run before or after. Returns ``run``, with the
-    outcome when this pass recorded one (status, output, error).
+    outcome when this pass recorded one (status, output, error). ``lease``:
+    the run lease, when the take acquired it in its own commit.
 
     The pass, top to bottom: take the run lease; replay the finished steps
-    and run the next ones (``RunContext``); write the suspension or the
-    outcome; release the lease. Every run-level write is fenced to the run
-    lease (``managers.fence``), every step write to its attempt.
+    and run the next ones (``RunContext``); write the suspension, or the
+    outcome with the last step's success and the lease's release in one
+    commit (``managers.passes.finish_pass``); release the lease if it is
+    still held. Every run-level write is fenced to the run lease
+    (``managers.fence``), every step write to its attempt.
     """
     alias = run._state.db or DEFAULT_DB_ALIAS
     runs = WorkflowRun.objects.using(alias)
@@ -149,14 +157,24 @@ def drive_run(
         logger.error("Run %s is of workflow %r, which this process does not know.", run.pk, run.workflow)
         _set_wake(run, DbNowMs() + UNKNOWN_WORKFLOW_RETRY_MS)
         return run
+    if lease is None:
+        holding = hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias)
+    else:
+        holding = keep_lease(lease, conf.LEASE_TTL_MS, using=alias)
     try:
-        with hold_lease(run.lease_key, conf.LEASE_TTL_MS, holder, using=alias) as held:
+        with holding as held:
             fence = RunFence(held.key, held.lease.holder, held.token)
             if run.status == "suspended":
                 # A wait that timed out (or a wake that raced the suspension): drive it.
                 runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
                 run.status = "running"
-            _drive(run, fn, RunContext(run, using=alias, held=held, stop=stop, fence=fence), fence)
+            ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence)
+            try:
+                _drive(run, fn, ctx, fence)
+            finally:
+                # A success still pending here (an outage, an abort) is not
+                # written: its step runs again as a new attempt.
+                ctx.take_outcome()
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
         # worker's take (wake_at at its own lease's end) doesn't delay it.
@@ -172,10 +190,13 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
         output = fn(ctx, run.input)
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
-        suspend_run(run, suspend, fence)
+        if _flushed(run, ctx):
+            suspend_run(run, suspend, fence)
         return
     except Stop as stop:
         logger.info("Run %s: pass stopped (%s).", run.pk, stop)
+        # A step that ended before the stop keeps its outcome (fenced to its attempt).
+        _flushed(run, ctx)
         return
     except StoreFailure as failure:
         if isinstance(failure.cause, OUTAGE_ERRORS):
@@ -183,10 +204,10 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
             # ends here and the run is driven again once the database is back.
             raise failure.cause from None
         logger.error("Run %s: the store failed under its pass: %r", run.pk, failure.cause)
-        _finish(run, "failed", fence, error=serialize_error(RunStoreError(run.pk, failure.cause)))
+        _finish(run, "failed", ctx, error=serialize_error(RunStoreError(run.pk, failure.cause)))
         return
     except StepFailedError as error:
-        _finish(run, "failed", fence, error={**error.error, "step": error.step_name})
+        _finish(run, "failed", ctx, error={**error.error, "step": error.step_name})
         return
     except OUTAGE_ERRORS:
         raise
@@ -196,7 +217,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
         # Whatever the workflow raises is its failure, SystemExit included:
         # only the worker's own signals stop the worker.
         logger.info("Run %s failed: %r", run.pk, error)
-        _finish(run, "failed", fence, error=serialize_error(error))
+        _finish(run, "failed", ctx, error=serialize_error(error))
         return
     try:
         validate.json_value("output", output)
@@ -205,21 +226,58 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
             f"Workflow {run.workflow!r} returned an output that cannot be stored "
             f"(not JSON, too large or holding a NUL): {error}"
         )
-        _finish(run, "failed", fence, error=serialize_error(bad))
+        _finish(run, "failed", ctx, error=serialize_error(bad))
         return
-    _finish(run, "completed", fence, output=output, error=None)
+    _finish(run, "completed", ctx, output=output, error=None)
 
 
-def _finish(run: WorkflowRun, status: str, fence: RunFence, **fields: Any) -> None:
+def _flushed(run: WorkflowRun, ctx: RunContext) -> bool:
+    """Commit the pass's pending step success on its own; False if it was refused (the pass is stale)."""
+    try:
+        ctx.flush_outcome()
+    except Stop as stop:
+        logger.info("Run %s: pass stopped (%s).", run.pk, stop)
+        return False
+    return True
+
+
+def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> None:
     """
     Record the run's outcome, unless it already has one or this pass lost
-    its run lease, and hand it to a parent waiting on it in the same transaction.
+    its run lease, with the last step's success and the run lease's release
+    in one commit, and hand it to a parent waiting on it in the same
+    transaction. If that success cannot be written for a store error, the
+    run fails naming it, as a store failure under the pass does.
     """
     alias = run._state.db or DEFAULT_DB_ALIAS
-    if finish_run(alias, run.pk, status, parent_id=run.parent_id, fence=fence, **fields):
+    pending = ctx.take_outcome()
+    try:
+        done = finish_pass(
+            alias,
+            run.pk,
+            status,
+            held=ctx.run_lease,
+            fence=ctx.run_fence,
+            outcome=None if pending is None else pending.finish,
+            parent_id=run.parent_id,
+            **fields,
+        )
+    except StepSupersededError:
+        # A newer attempt owns the last step: its outcome is the step's, and this pass is stale.
+        logger.warning("Run %s: its last step's attempt was superseded; stopping this pass.", run.pk)
+        return
+    except DatabaseError as error:
+        if pending is None or isinstance(error, OUTAGE_ERRORS):
+            raise
+        logger.error("Run %s: the store failed under its pass: %r", run.pk, error)
+        _finish(run, "failed", ctx, error=serialize_error(RunStoreError(run.pk, error)))
+        return
+    if done:
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)
+        if status == "completed":
+            ctx.completed()
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:

@@ -85,15 +85,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def unwinds_store_errors(method: F) -> F:
     """
-    A ``ctx`` method whose database errors unwind the workflow function as
-    ``StoreFailure`` (a BaseException), so the workflow's own ``except
-    Exception`` never takes a database blip for a step's outcome.
+    A ``ctx`` method that uses the store: it first commits the step success
+    the pass still holds (``RunContext.flush_outcome``), so the store sees
+    every step that ended before the call; and its database errors unwind
+    the workflow function as ``StoreFailure`` (a BaseException), so the
+    workflow's own ``except Exception`` never takes a database blip for a
+    step's outcome.
     """
 
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            flush = getattr(ctx, "flush_outcome", None)
+            if flush is not None:
+                flush()
+            return method(ctx, *args, **kwargs)
         except DatabaseError_ as error:
             raise StoreFailure(error) from error
 

@@ -1,0 +1,122 @@
+"""
+The two commits that open and close a worker's pass, besides its steps.
+
+- ``take_run``: the take of a due run and its run lease, in one transaction:
+  the guarded move of ``wake_at`` (so no other lane takes the run) and the
+  lease ``workflow-run:<id>`` (so no other pass drives it).
+- ``finish_pass``: the run's outcome, the last step's success (when the
+  workflow ended right after it) and the run lease's release, in one
+  transaction.
+
+Each write keeps its own guard inside the transaction: the take its
+``wake_at``, the lease its acquire rules, the step's outcome its attempt, the
+run's outcome the run lease, the release its holder and token. Joining them
+only saves commits; a rolled-back transaction leaves what was there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from pikku_django.clock import DbNowMs
+from pikku_django.managers.attempts import PreparedFinish, one_transaction
+from pikku_django.managers.base import ACTIVE_RUN_STATUSES, ensure_autocommit, hot_cursor
+from pikku_django.managers.fence import RunFence
+from pikku_django.managers.lifecycle import UNKNOWN, finish_run
+
+if TYPE_CHECKING:
+    from pikku_django.leases import HeldLease
+    from pikku_django.models import Lease
+
+
+@dataclass(frozen=True)
+class Take:
+    """What a take got: the run (``taken``), and its run lease (None while another pass holds it)."""
+
+    taken: bool
+    lease: Lease | None = None
+
+
+@contextmanager
+def _transaction(alias: str, *, nests: bool = False) -> Iterator[None]:
+    """
+    One transaction on ``alias``, in the cheapest form its vendor allows
+    (``one_transaction``); ``nests``: a body that opens ``atomic()`` blocks
+    of its own needs Django's, so that they become savepoints of it.
+    """
+    connection = connections[alias]
+    ensure_autocommit(connection)
+    if nests:
+        with transaction.atomic(using=alias):
+            yield
+        return
+    with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
+        yield
+
+
+def take_run(alias: str, run_id: Any, wake_at: int | None, holder: str, ttl_ms: int, retry_ms: int) -> Take:
+    """
+    Take a due run for a pass, in one commit: move its ``wake_at`` to when
+    the run lease would lapse, guarded by the value read (another lane that
+    read it matches nothing), mark it running (a suspended run taken is one
+    whose wait timed out), and acquire its run lease for ``holder``. A run
+    whose lease another pass holds is taken all the same, and due again
+    ``retry_ms`` later. The first statement writes, so on SQLite the
+    transaction takes the write lock at once.
+    """
+    from pikku_django.models import Lease, WorkflowRun
+
+    runs = WorkflowRun.objects.using(alias)
+    with _transaction(alias):
+        moved = runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
+            wake_at=DbNowMs() + ttl_ms, status="running"
+        )
+        if not moved:
+            return Take(False)
+        key = WorkflowRun(pk=run_id).lease_key
+        lease = Lease.objects.db_manager(alias).acquire_within(key, holder, ttl_ms)
+        if lease is None:
+            # Held elsewhere: look again a little later (as a pass that meets it does).
+            runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
+    return Take(True, lease)
+
+
+def finish_pass(
+    alias: str,
+    run_id: Any,
+    status: str,
+    *,
+    held: HeldLease | None,
+    fence: RunFence | None,
+    outcome: PreparedFinish | None = None,
+    parent_id: Any = UNKNOWN,
+    **fields: Any,
+) -> bool:
+    """
+    Record the run's outcome (``lifecycle.finish_run``, fenced to the run
+    lease) in one commit with the last step's success ``outcome`` (fenced to
+    its attempt) and the release of the run lease ``held``. A superseded
+    attempt raises ``StepSupersededError`` and the transaction writes
+    nothing (the run's output came from a result that is not the step's).
+    True if the outcome was recorded. The lease stops being renewed first,
+    so no renewal races the release; ``held.released`` tells the lease's
+    holder what the release answered.
+    """
+    from pikku_django.models import Lease, WorkflowStep
+
+    if held is not None:
+        held.stop_renewing()
+    # A child's finish locks and settles its parent in atomic() blocks of its own.
+    with _transaction(alias, nests=parent_id is not None):
+        if outcome is not None:
+            WorkflowStep.objects.db_manager(alias).write_finish(outcome, within=True)
+        done = finish_run(alias, run_id, status, parent_id=parent_id, fence=fence, **fields)
+        released = None if held is None else Lease.objects.db_manager(alias).release_within(held.lease)
+    if held is not None and released is not None:
+        held.released(released)
+    return done
