@@ -31,17 +31,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.tasks_settings")
 
-from _setup import ROOT, migrate_if_needed  # noqa: E402  (first: sets Django up)
+from _setup import migrate_if_needed  # noqa: E402  (first: sets Django up)
+from _workers import start_worker as start_bench_worker  # noqa: E402
+from _workers import stop_worker, timed  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -53,66 +52,9 @@ from pikku_django.tasks.results import TASK_WORKFLOW  # noqa: E402
 DAY = datetime.timedelta(days=1)
 
 
-def connected(pid: int) -> bool:
-    """Has the process opened a socket or the SQLite file (its database connection)? Linux only."""
-    fds = Path(f"/proc/{pid}/fd")
-    name = str(connection.settings_dict["NAME"])
-    try:
-        targets = [os.readlink(fd) for fd in fds.iterdir()]
-    except (FileNotFoundError, PermissionError):
-        return False
-    return any(t.startswith("socket:") or t == name for t in targets)
-
-
-#: ``python -c WITH_BENCH_TASKS command args…``: ``manage.py command args…``
-#: with bench/noop_tasks.py imported first. The bench's tasks live outside any
-#: installed app, and a worker runs only the Tasks it knows (resolve_task).
-WITH_BENCH_TASKS = """
-import sys
-import django
-django.setup()
-import bench.noop_tasks
-from django.core.management import execute_from_command_line
-execute_from_command_line(["manage.py", *sys.argv[1:]])
-"""
-
-
 def start_worker(args: list[str]) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WITH_BENCH_TASKS, *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not connected(proc.pid):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"worker {args} did not connect: {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.02)
-    return proc
-
-
-def stop_worker(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def timed(done: Callable[[], bool], timeout: float = 600) -> float:
-    started = time.perf_counter()
-    deadline = started + timeout
-    while not done():
-        if time.perf_counter() > deadline:
-            raise SystemExit("the tasks did not finish within the timeout")
-        time.sleep(0.02)
-    return time.perf_counter() - started
+    """A worker (``manage.py args…``) with bench/noop_tasks.py imported, once connected."""
+    return start_bench_worker("bench.noop_tasks", args)
 
 
 # ---------------------------------------------------------------------------
