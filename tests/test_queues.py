@@ -52,6 +52,10 @@ class QueueAndPriorityTests(TransactionTestCase):
 
     def test_worker_takes_higher_priorities_first_then_earlier_wake_at(self) -> None:
         runs = {p: start_workflow("test.steps", {"steps": 1}, priority=p) for p in [0, 5, -3, 10, 5]}
+        # Distinct wake_at values (two starts can share a millisecond), all due.
+        now = Lease.objects.db_now_ms()
+        for offset, run in enumerate(WorkflowRun.objects.order_by("created_at", "pk")):
+            WorkflowRun.objects.filter(pk=run.pk).update(wake_at=now - 1000 + offset)
         worker = Worker(holder="w", once=True, batch=2)
         due = [row[0] for row in worker.due()]
         expected = sorted(WorkflowRun.objects.all(), key=lambda r: (-r.priority, r.wake_at, 0))
