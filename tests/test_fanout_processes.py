@@ -78,10 +78,10 @@ class MapProcessTests(ProcessTestCase):
         assert self.finished(run, timeout=60).output["results"] == [0, 10, 20, 30, 40, 50]
 
     def test_a_spent_item_stops_new_items_and_the_step_fails_once_those_in_flight_end(self) -> None:
-        # The failing item fails 300 ms in, so the two beside it have begun by
-        # then however fast a pass is (an item not begun is cancelled, rightly).
+        # The failing item fails once the two beside it have begun (an item
+        # not begun would be cancelled, rightly), however fast a pass is.
         items = (
-            [{"i": 0, "fail": True, "ms": 300}]
+            [{"i": 0, "fail": True, "after_starts": [1, 2]}]
             + [{"i": i, "ms": 1500} for i in range(1, 3)]
             + [{"i": i} for i in range(3, 8)]
         )

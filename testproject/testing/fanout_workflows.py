@@ -16,7 +16,8 @@ def record_item(item: dict[str, Any]) -> int:
     """
     An item of a map: records its start and end (``StepCall`` ``start:<i>`` and
     ``end:<i>``, under the item's own run), then returns ``i * 10``. It waits
-    ``ms`` first; ``fail`` raises; ``kill`` SIGKILLs its worker on the first
+    ``ms`` first, then until the items ``after_starts`` have started; ``fail``
+    raises; ``kill`` SIGKILLs its worker on the first
     call when the file ``kill`` names does not exist yet (and creates it).
     """
     handle = current_step()
@@ -26,10 +27,19 @@ def record_item(item: dict[str, Any]) -> int:
     kill_once(item.get("kill"))
     if item.get("ms"):
         time.sleep(item["ms"] / 1000)
+    _wait_for_starts(item.get("after_starts", []))
     if item.get("fail") or (item.get("fail_unless") and not os.path.exists(item["fail_unless"])):
         raise ValueError(f"item {index} fails")
     StepCall.objects.create(run_id=handle.run_id, step=f"end:{index}", pid=os.getpid(), at_ms=_now())
     return int(index) * 10
+
+
+def _wait_for_starts(indexes: list[int], timeout: float = 30) -> None:
+    """Return once the items ``indexes`` have started (their ``start:`` records), or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    names = [f"start:{index}" for index in indexes]
+    while StepCall.objects.filter(step__in=names).count() < len(names) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def kill_once(marker: str | None) -> None:
