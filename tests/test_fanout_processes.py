@@ -6,6 +6,7 @@ holds no lane, and workers SIGKILLed while items run.
 
 from __future__ import annotations
 
+import json
 import signal
 from typing import Any
 
@@ -69,6 +70,17 @@ class MapProcessTests(ProcessTestCase):
         calls = list(StepCall.objects.all())
         # Never more than three at once, and the workers did run them side by side.
         assert 2 <= most_at_once(calls) <= 3, most_at_once(calls)
+
+    def test_items_run_on_the_parents_queue_within_its_concurrency(self) -> None:
+        env = subprocess_env(PIKKU_QUEUES=json.dumps({"bulk": {"concurrency": 2}}))
+        items = [{"i": i, "ms": 200} for i in range(8)]
+        run = start_workflow("test.map", {"items": items}, queue="bulk", priority=4)
+        for name in ("a", "b"):
+            self.worker(name, "--concurrency", "3", "--interval", "0.05", env=env)
+        self.finished(run)
+        assert {(item.queue, item.priority) for item in items_of(run)} == {("bulk", 4)}
+        # Six lanes, eight items due at once, and never more than the queue's two.
+        assert most_at_once(list(StepCall.objects.all())) <= 2
 
     def test_one_worker_with_one_lane_completes_a_map(self) -> None:
         run = start_workflow(
