@@ -216,6 +216,51 @@ ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`)
     `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
 """
 
+#: The held success of the step before and the start of the next one, in one
+#: commit (``StepAttemptsMixin.start_step`` with an ``outcome``). The outcome
+#: is the fenced write of ``*_STEP_FINISH`` on parameters of its own
+#: (``done_*``), and the start is guarded by it besides its own guard: a
+#: superseded attempt's outcome matches nothing, and then nothing is started
+#: either. A start refused for the run's state or lease leaves the outcome
+#: written on its own, as a pass that committed it first would.
+_DONE = ("step_id", "attempt", "status", "result", "error")
+
+
+def _done(text: str) -> str:
+    """``text`` with the outcome's parameters renamed to ``done_*``."""
+    for name in _DONE:
+        text = text.replace(f"%({name})s", f"%(done_{name})s")
+    return text
+
+
+#: One statement: the outcome's UPDATE and history row, then the start's
+#: INSERT (only if the UPDATE matched) and its history row; it answers whether
+#: each matched.
+POSTGRESQL_STEP_HANDOFF = _done(POSTGRESQL_STEP_FINISH).replace(
+    "history AS (", "finished_history AS ("
+).replace(')\nSELECT "id" FROM finished\n', "),\n") + POSTGRESQL_STEP_START.replace(
+    "\nWITH clock AS", "clock AS", 1
+).replace("FROM clock\n    WHERE", "FROM clock\n    WHERE EXISTS (SELECT 1 FROM finished) AND", 1).replace(
+    'SELECT "id" FROM inserted',
+    "SELECT (SELECT count(*) FROM finished), (SELECT count(*) FROM inserted)",
+)
+assert (
+    POSTGRESQL_STEP_HANDOFF.count("WITH ") == 1
+    and "EXISTS (SELECT 1 FROM finished)" in POSTGRESQL_STEP_HANDOFF
+)
+
+#: MySQL/MariaDB, in one round trip (``MYSQL_MARK`` first): the outcome's
+#: UPDATE leaves its attempt in LAST_INSERT_ID when it matches, and the start
+#: inserts only then. The step table has no AUTO_INCREMENT column, so the
+#: start leaves LAST_INSERT_ID as it was for the outcome's history row, which
+#: comes after it.
+MYSQL_STEP_HANDOFF_FINISH = _done(MYSQL_STEP_FINISH)
+MYSQL_STEP_HANDOFF_START = MYSQL_STEP_START.replace(
+    "FROM DUAL WHERE", "FROM DUAL WHERE LAST_INSERT_ID() = %(done_attempt)s AND", 1
+)
+assert MYSQL_STEP_HANDOFF_START != MYSQL_STEP_START
+MYSQL_STEP_HANDOFF_FINISH_HISTORY = _done(MYSQL_STEP_FINISH_HISTORY)
+
 #: What a pass checks before each step's function runs (a run cancelled or
 #: past its deadline elsewhere): the run's status and deadline, and now. A
 #: read, prepared like the step statements, so the check costs a round trip.
@@ -257,6 +302,10 @@ ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "mysql": MYSQL_STEP_FINISH,
     },
     "step_finish_history": {"sqlite": SQLITE_STEP_FINISH_HISTORY, "mysql": MYSQL_STEP_FINISH_HISTORY},
+    "step_handoff": {"postgresql": POSTGRESQL_STEP_HANDOFF},
+    "step_handoff_finish": {"mysql": MYSQL_STEP_HANDOFF_FINISH},
+    "step_handoff_start": {"mysql": MYSQL_STEP_HANDOFF_START},
+    "step_handoff_finish_history": {"mysql": MYSQL_STEP_HANDOFF_FINISH_HISTORY},
     "run_state": {
         "postgresql": POSTGRESQL_RUN_STATE,
         "sqlite": SQLITE_RUN_STATE,
