@@ -196,10 +196,10 @@ class StepAttemptsMixin:
             finished, started = matched == 1, inserted == 1
         elif connection.vendor == "mysql":
             # One round trip; the start is guarded by the outcome's match (its LAST_INSERT_ID).
-            names = ["mark", "step_handoff_finish", "step_handoff_start", "step_handoff_finish_history"]
+            names = ["mark", "step_handoff_finish", "step_handoff_start", "step_start_history"]
             try:
                 _, (matched, *_), (inserted, *_), _, _ = batch(
-                    connection, cursor, [*names, "step_start_history"], {**params, **renamed}
+                    connection, cursor, [*names, "step_handoff_finish_history"], {**params, **renamed}
                 )
                 finished, started = matched == 1, inserted == 1
             except IntegrityError:

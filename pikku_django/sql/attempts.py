@@ -251,15 +251,31 @@ assert (
 
 #: MySQL/MariaDB, in one round trip (``MYSQL_MARK`` first): the outcome's
 #: UPDATE leaves its attempt in LAST_INSERT_ID when it matches, and the start
-#: inserts only then. The step table has no AUTO_INCREMENT column, so the
-#: start leaves LAST_INSERT_ID as it was for the outcome's history row, which
-#: comes after it.
+#: inserts only then (the step table has no AUTO_INCREMENT column, so nothing
+#: between them moves LAST_INSERT_ID). Then the start's history row, and the
+#: outcome's last: an INSERT ... SELECT into the attempt table takes its
+#: table's AUTO-INC lock, and the outcome's upsert locks the attempt row it
+#: meets with its gap; a transaction that held that lock and then waited for
+#: AUTO-INC again would deadlock with another start's history row. The
+#: outcome's history row is copied from the step row this transaction has
+#: just written (and holds locked), so it is written only when that UPDATE
+#: matched.
 MYSQL_STEP_HANDOFF_FINISH = _done(MYSQL_STEP_FINISH)
 MYSQL_STEP_HANDOFF_START = MYSQL_STEP_START.replace(
     "FROM DUAL WHERE", "FROM DUAL WHERE LAST_INSERT_ID() = %(done_attempt)s AND", 1
 )
 assert MYSQL_STEP_HANDOFF_START != MYSQL_STEP_START
-MYSQL_STEP_HANDOFF_FINISH_HISTORY = _done(MYSQL_STEP_FINISH_HISTORY)
+MYSQL_STEP_HANDOFF_FINISH_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `result`, `error`, `created_at`,
+    `succeeded_at`, `failed_at`)
+SELECT s.`id`, s.`attempt`, s.`status`, s.`result`, s.`error`, {now_dt},
+    CASE WHEN s.`status` = 'succeeded' THEN {now_dt} END, CASE WHEN s.`status` = 'failed' THEN {now_dt} END
+FROM {step} AS s
+WHERE s.`id` = %(done_step_id)s AND s.`attempt` = %(done_attempt)s AND s.`status` = %(done_status)s
+ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`),
+    `error` = VALUES(`error`), `succeeded_at` = COALESCE(VALUES(`succeeded_at`), `succeeded_at`),
+    `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
+"""
 
 #: What a pass checks before each step's function runs (a run cancelled or
 #: past its deadline elsewhere): the run's status and deadline, and now. A
