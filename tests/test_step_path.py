@@ -1,6 +1,7 @@
 """
-The runtime's step path (issue #9): a first-run step in two commits, a replay
-in none, prepared statements on PostgreSQL, the keeper, the worker's connection.
+The runtime's step path (issues #9 and #14): a first-run step in one commit
+in a pass (its start carries the success of the step before it), a replay in
+none, prepared statements on PostgreSQL, the keeper, the worker's connection.
 """
 
 from __future__ import annotations
@@ -80,13 +81,19 @@ def drive_counted(run_id: Any) -> Counter:
     return counter
 
 
-#: Statements (round trips) per first-run step: PostgreSQL one statement per
-#: commit; MySQL and MariaDB one batch per commit (START TRANSACTION, the
-#: write, its history row, COMMIT: no UPDATE ... RETURNING, no multi-table
-#: write); SQLite BEGIN and two writes per commit. The start carries the
-#: run's state (active, not past its deadline) in its guard, so no read of
-#: the run precedes the step's function.
-FIRST_RUN_STATEMENTS = {"postgresql": 2, "mariadb": 2, "mysql": 2, "sqlite": 6}
+#: Statements (round trips) per first-run step of a pass: one commit, the
+#: step's start with the success of the step before it. PostgreSQL one
+#: statement; MySQL and MariaDB one batch (START TRANSACTION, the outcome
+#: and the start with their history rows, COMMIT); SQLite BEGIN and four
+#: writes (the first step's start has no outcome before it and sends two
+#: fewer, the last step's outcome rides in the run's outcome's transaction
+#: and sends two). The start carries the run's state (active, not past its
+#: deadline) in its guard, so no read of the run precedes the step's function.
+FIRST_RUN_STATEMENTS = {"postgresql": 1, "mariadb": 1, "mysql": 1, "sqlite": 5}
+
+#: The last step's outcome, sent inside the run's outcome's transaction: one
+#: statement (PostgreSQL) or batch (MySQL/MariaDB); on SQLite counted above.
+LAST_OUTCOME_STATEMENTS = {"postgresql": 1, "mariadb": 1, "mysql": 1, "sqlite": 0}
 
 #: Statements per pass of a run with nothing to run: the due query, the take
 #: with its run lease (one transaction: on SQLite its BEGIN, on MySQL and
@@ -96,25 +103,38 @@ PASS_STATEMENTS = {"postgresql": 7, "mariadb": 11, "mysql": 11, "sqlite": 9}
 
 
 class StepCountTests(TransactionTestCase):
-    def test_first_run_step_two_commits_replay_nothing(self) -> None:
+    def test_first_run_step_one_commit_replay_nothing(self) -> None:
         counts = {}
         for steps in (0, 10):
             run = start_workflow("test.noop", {"steps": steps})
             counts[steps] = (drive_counted(run.pk), drive_counted(run.pk))
             assert WorkflowRun.objects.get(pk=run.pk).output == sum(range(steps))
         (empty, empty_replay), (full, full_replay) = counts[0], counts[10]
-        # Two commits a step, but the last step's outcome commits with the
-        # run's (and on SQLite needs no BEGIN of its own).
+        # One commit a step: each start carries the success before it, and
+        # the last step's success commits with the run's outcome.
         which = sql.variant(connection)
-        last_step_saves = 1 if which == "sqlite" else 0
-        assert full.statements - empty.statements == 10 * FIRST_RUN_STATEMENTS[which] - last_step_saves
-        assert full.commits - empty.commits == 10 * 2 - 1
+        assert (
+            full.statements - empty.statements
+            == 10 * FIRST_RUN_STATEMENTS[which] + LAST_OUTCOME_STATEMENTS[which]
+        )
+        assert full.commits - empty.commits == 10
         assert full_replay.statements == empty_replay.statements
         assert full_replay.commits == empty_replay.commits
         # Per pass: the take with its run lease, and the outcome with the release.
         assert empty.statements == PASS_STATEMENTS[which] and empty.commits == 2
         done = WorkflowStepAttempt.objects.filter(status="succeeded", succeeded_at__isnull=False)
         assert done.count() == 10
+
+    def test_a_ten_step_no_op_pass_costs_one_commit_per_step_plus_its_own(self) -> None:
+        run = start_workflow("test.noop", {"steps": 10})
+        counter = drive_counted(run.pk)
+        # The take with its run lease, ten step commits (each start with the
+        # success before it), the outcome with the last success and the release.
+        assert counter.commits == 10 + 2
+        steps = WorkflowStep.objects.filter(run_id=run.pk)
+        assert steps.count() == 10 and not steps.exclude(status="succeeded", attempt=1).exists()
+        history = WorkflowStepAttempt.objects.filter(step__run_id=run.pk)
+        assert sorted(history.values_list("attempt", "status")) == [(1, "succeeded")] * 10
 
     def test_a_replay_reads_the_steps_once(self) -> None:
         run = start_workflow("test.noop", {"steps": 5}, inline=True)
@@ -284,10 +304,12 @@ class MultiStatementsOffTests(TransactionTestCase):
         for steps in (0, 3):
             run = start_workflow("test.noop", {"steps": steps})
             counts[steps] = drive_counted(run.pk)
-        # START TRANSACTION, LAST_INSERT_ID reset (outcomes only), two writes,
-        # COMMIT; the last step's outcome rides in the run's outcome's transaction.
-        assert counts[3].statements - counts[0].statements == 3 * 9 - 2
-        assert counts[3].commits - counts[0].commits == 3 * 2 - 1
+        # The first start: START TRANSACTION, two writes, COMMIT; each later
+        # one: START TRANSACTION, LAST_INSERT_ID reset, the outcome before it
+        # and the start with their history rows, COMMIT; the last outcome
+        # (the reset and two writes) rides in the run's outcome's transaction.
+        assert counts[3].statements - counts[0].statements == 4 + 2 * 7 + 3
+        assert counts[3].commits - counts[0].commits == 3
         run = make_run()
         step = WorkflowStep.objects.start_step(run.pk, "charge", "shop.charge", LEASE)
         assert step is not None

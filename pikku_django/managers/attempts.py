@@ -1,10 +1,12 @@
 """
-The runtime's step path: two commits per attempt, each writing the step and
-its attempt's history row together, and nothing read back that the statement
-could return.
+The runtime's step path: each write is one commit that writes the step and
+its attempt's history row together, and nothing is read back that the
+statement could return. In a pass a step costs one commit: its start carries
+the success of the step before it.
 
 - ``start_step``: a step run for the first time is inserted already claimed
-  (running, attempt 1, under its lease, with its attempt row).
+  (running, attempt 1, under its lease, with its attempt row), with the
+  held outcome of the step before it when there is one.
 - ``claim_attempt``: the guarded claim of ``claim()``, answering only the
   attempt number now run.
 - ``finish_attempt``: the attempt's outcome, fenced to it.
@@ -14,18 +16,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
 from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.batches import batch, one_transaction
 from pikku_django.managers.fence import UNFENCED, RunFence
 
 if TYPE_CHECKING:
@@ -54,78 +56,6 @@ def shown_text(value: Any) -> str | None:
 def _holder(holder: str | None) -> str:
     """The worker's name as an attempt row stores it ("" when none is given)."""
     return "" if holder is None else validate.name("holder", holder)
-
-
-@contextmanager
-def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[None]:
-    """
-    One transaction around the two statements of a step write. On
-    MySQL/MariaDB it is opened and closed in a round trip each, where
-    Django's ``atomic()`` spends two more switching autocommit off and on
-    again; elsewhere, and inside an atomic block, it is ``atomic()``.
-    """
-    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
-        with transaction.atomic(using=connection.alias):
-            yield
-        return
-    cursor.execute(sql.statement("transaction_begin", connection))
-    try:
-        yield
-    except BaseException:
-        # A broken connection has rolled back on the server already.
-        with suppress(Exception):
-            cursor.execute(sql.statement("transaction_rollback", connection))
-        raise
-    cursor.execute(sql.statement("transaction_commit", connection))
-
-
-def batch(
-    connection: BaseDatabaseWrapper,
-    cursor: Any,
-    names: list[str],
-    params: dict[str, Any],
-    *,
-    within: bool = False,
-) -> list[Any]:
-    """
-    MySQL/MariaDB: the statements ``names`` in one transaction and one round
-    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``);
-    ``within=True``: in the transaction the caller opened (``one_transaction``).
-    Returns each statement's (rows matched, LAST_INSERT_ID, rows, description).
-    An error stops
-    the server at that statement, and the transaction is rolled back.
-    """
-    texts = [sql.statement(name, connection) for name in names]
-    results = []
-
-    def result() -> tuple[Any, ...]:
-        rows = cursor.fetchall() if cursor.description else None
-        return (cursor.rowcount, cursor.lastrowid, rows, cursor.description)
-
-    if not connection.settings_dict["OPTIONS"].get("multi_statements", True):
-        # The project turned multi-statements off: the same transaction, a statement at a time.
-        with nullcontext() if within else one_transaction(connection, cursor):
-            for text in texts:
-                cursor.execute(text, params)
-                results.append(result())
-        return results
-    explicit = not within and connection.get_autocommit() and not connection.in_atomic_block
-    if explicit:
-        texts = [sql.statement("transaction_begin", connection), *texts]
-        texts.append(sql.statement("transaction_commit", connection))
-    try:
-        cursor.execute(";\n".join(text.strip() for text in texts), params)
-        results.append(result())
-        with connection.wrap_database_errors:
-            while cursor.nextset():
-                results.append(result())
-    except BaseException:
-        if explicit:
-            # A broken connection has rolled back on the server already.
-            with suppress(Exception):
-                cursor.execute(sql.statement("transaction_rollback", connection))
-        raise
-    return results[1:-1] if explicit else results
 
 
 class StepAttemptsMixin:
@@ -162,6 +92,7 @@ class StepAttemptsMixin:
         *,
         holder: str | None = None,
         fence: RunFence | None = None,
+        outcome: PreparedFinish | None = None,
     ) -> WorkflowStep | None:
         """
         Insert a new step already claimed: running as attempt 1 under a lease
@@ -171,6 +102,12 @@ class StepAttemptsMixin:
         when the run has a step of this name already (claim it instead), or
         is cancelled, ended or past its deadline. The returned step is built
         in memory: its timestamps and lease expiry are not read.
+
+        ``outcome``: the held outcome of the step before (a pass's), written
+        in the same commit, fenced to its attempt; the step is started only
+        if it matched. A superseded attempt raises ``StepSupersededError``
+        having written nothing; a start refused (None) leaves the outcome
+        written on its own.
         """
         params: dict[str, Any] = {
             "step_name": validate.name("step_name", step_name),
@@ -189,8 +126,12 @@ class StepAttemptsMixin:
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
         with hot_cursor(connection) as cursor:
-            if not self._start(connection, cursor, params):
-                return None
+            if outcome is None:
+                started = self._start(connection, cursor, params)
+            else:
+                started = self._handoff(connection, cursor, params, outcome)
+        if not started:
+            return None
         step = self.model(
             id=step_id,
             run_id=run_id,
@@ -206,7 +147,9 @@ class StepAttemptsMixin:
         step._state.db = connection.alias
         return step
 
-    def _start(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
+    def _start(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
+    ) -> bool:
         text = sql.statement("step_start", connection)
         if connection.vendor == "postgresql":
             # The step and its attempt row are one statement (sql.POSTGRESQL_STEP_START).
@@ -221,7 +164,7 @@ class StepAttemptsMixin:
                 return False
             return bool(inserted == 1)
         history = sql.statement("step_claim_history", connection)
-        with one_transaction(connection, cursor):
+        with nullcontext() if within else one_transaction(connection, cursor):
             cursor.execute(text, params)
             if cursor.fetchone() is None:
                 return False
@@ -235,6 +178,42 @@ class StepAttemptsMixin:
                 },
             )
         return True
+
+    def _handoff(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], outcome: PreparedFinish
+    ) -> bool:
+        """
+        The held ``outcome`` and the start ``params`` in one transaction; True
+        if the step was started. A superseded outcome raises
+        ``StepSupersededError``, and then nothing is written.
+        """
+        done = self._finish_params(outcome, connection)
+        renamed = {f"done_{name}": value for name, value in done.items() if name != "now_dt"}
+        if connection.vendor == "postgresql":
+            # One statement (sql.POSTGRESQL_STEP_HANDOFF).
+            cursor.execute(sql.statement("step_handoff", connection), {**params, **renamed})
+            matched, inserted = cursor.fetchone()
+            finished, started = matched == 1, inserted == 1
+        elif connection.vendor == "mysql":
+            # One round trip; the start is guarded by the outcome's match (its LAST_INSERT_ID).
+            names = ["mark", "step_handoff_finish", "step_handoff_start", "step_start_history"]
+            try:
+                _, (matched, *_), (inserted, *_), _, _ = batch(
+                    connection, cursor, [*names, "step_handoff_finish_history"], {**params, **renamed}
+                )
+                finished, started = matched == 1, inserted == 1
+            except IntegrityError:
+                # Another pass inserted the step: the whole transaction rolled
+                # back, so the outcome is written on its own, as it was held.
+                finished, started = _write_finish(connection, cursor, done, within=False), False
+        else:
+            with one_transaction(connection, cursor):
+                finished = _write_finish(connection, cursor, done, within=True)
+                # A refused start commits the outcome on its own.
+                started = finished and self._start(connection, cursor, params, within=True)
+        if not finished:
+            raise StepSupersededError(outcome.step_id, outcome.attempt)
+        return bool(started)
 
     def claim_attempt(
         self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
@@ -328,7 +307,14 @@ class StepAttemptsMixin:
         ``StepSupersededError`` having written nothing.
         """
         connection = self._write_connection()
-        params: dict[str, Any] = {
+        params = self._finish_params(finish, connection)
+        with hot_cursor(connection) as cursor:
+            if not _write_finish(connection, cursor, params, within=within):
+                raise StepSupersededError(finish.step_id, finish.attempt)
+
+    def _finish_params(self, finish: PreparedFinish, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        """The parameters of an outcome's statements (``sql.*_STEP_FINISH``)."""
+        return {
             "step_id": self.model._meta.pk.get_db_prep_value(finish.step_id, connection),
             "attempt": finish.attempt,
             "status": finish.status,
@@ -336,9 +322,6 @@ class StepAttemptsMixin:
             "error": finish.error_text,
             **now_params(connection),
         }
-        with hot_cursor(connection) as cursor:
-            if not _write_finish(connection, cursor, params, within=within):
-                raise StepSupersededError(finish.step_id, finish.attempt)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from pikku_django.clock import DbNowMs
-from pikku_django.managers.attempts import PreparedFinish, one_transaction
+from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.base import ACTIVE_RUN_STATUSES, ensure_autocommit, hot_cursor
+from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import UNKNOWN, finish_run
 

@@ -19,8 +19,9 @@ from pikku_django.errors import (
     StepLeaseExpiredError,
     StepSupersededError,
 )
-from pikku_django.managers.attempts import StepAttemptsMixin, batch, one_transaction
+from pikku_django.managers.attempts import StepAttemptsMixin
 from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.batches import batch, one_transaction
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun, WorkflowStep

@@ -216,6 +216,67 @@ ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`)
     `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
 """
 
+#: The held success of the step before and the start of the next one, in one
+#: commit (``StepAttemptsMixin.start_step`` with an ``outcome``). The outcome
+#: is the fenced write of ``*_STEP_FINISH`` on parameters of its own
+#: (``done_*``), and the start is guarded by it besides its own guard: a
+#: superseded attempt's outcome matches nothing, and then nothing is started
+#: either. A start refused for the run's state or lease leaves the outcome
+#: written on its own, as a pass that committed it first would.
+_DONE = ("step_id", "attempt", "status", "result", "error")
+
+
+def _done(text: str) -> str:
+    """``text`` with the outcome's parameters renamed to ``done_*``."""
+    for name in _DONE:
+        text = text.replace(f"%({name})s", f"%(done_{name})s")
+    return text
+
+
+#: One statement: the outcome's UPDATE and history row, then the start's
+#: INSERT (only if the UPDATE matched) and its history row; it answers whether
+#: each matched.
+POSTGRESQL_STEP_HANDOFF = _done(POSTGRESQL_STEP_FINISH).replace(
+    "history AS (", "finished_history AS ("
+).replace(')\nSELECT "id" FROM finished\n', "),\n") + POSTGRESQL_STEP_START.replace(
+    "\nWITH clock AS", "clock AS", 1
+).replace("FROM clock\n    WHERE", "FROM clock\n    WHERE EXISTS (SELECT 1 FROM finished) AND", 1).replace(
+    'SELECT "id" FROM inserted',
+    "SELECT (SELECT count(*) FROM finished), (SELECT count(*) FROM inserted)",
+)
+assert (
+    POSTGRESQL_STEP_HANDOFF.count("WITH ") == 1
+    and "EXISTS (SELECT 1 FROM finished)" in POSTGRESQL_STEP_HANDOFF
+)
+
+#: MySQL/MariaDB, in one round trip (``MYSQL_MARK`` first): the outcome's
+#: UPDATE leaves its attempt in LAST_INSERT_ID when it matches, and the start
+#: inserts only then (the step table has no AUTO_INCREMENT column, so nothing
+#: between them moves LAST_INSERT_ID). Then the start's history row, and the
+#: outcome's last: an INSERT ... SELECT into the attempt table takes its
+#: table's AUTO-INC lock, and the outcome's upsert locks the attempt row it
+#: meets with its gap; a transaction that held that lock and then waited for
+#: AUTO-INC again would deadlock with another start's history row. The
+#: outcome's history row is copied from the step row this transaction has
+#: just written (and holds locked), so it is written only when that UPDATE
+#: matched.
+MYSQL_STEP_HANDOFF_FINISH = _done(MYSQL_STEP_FINISH)
+MYSQL_STEP_HANDOFF_START = MYSQL_STEP_START.replace(
+    "FROM DUAL WHERE", "FROM DUAL WHERE LAST_INSERT_ID() = %(done_attempt)s AND", 1
+)
+assert MYSQL_STEP_HANDOFF_START != MYSQL_STEP_START
+MYSQL_STEP_HANDOFF_FINISH_HISTORY = """
+INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `result`, `error`, `created_at`,
+    `succeeded_at`, `failed_at`)
+SELECT s.`id`, s.`attempt`, s.`status`, s.`result`, s.`error`, {now_dt},
+    CASE WHEN s.`status` = 'succeeded' THEN {now_dt} END, CASE WHEN s.`status` = 'failed' THEN {now_dt} END
+FROM {step} AS s
+WHERE s.`id` = %(done_step_id)s AND s.`attempt` = %(done_attempt)s AND s.`status` = %(done_status)s
+ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`),
+    `error` = VALUES(`error`), `succeeded_at` = COALESCE(VALUES(`succeeded_at`), `succeeded_at`),
+    `failed_at` = COALESCE(VALUES(`failed_at`), `failed_at`)
+"""
+
 #: What a pass checks before each step's function runs (a run cancelled or
 #: past its deadline elsewhere): the run's status and deadline, and now. A
 #: read, prepared like the step statements, so the check costs a round trip.
@@ -257,6 +318,10 @@ ATTEMPT_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "mysql": MYSQL_STEP_FINISH,
     },
     "step_finish_history": {"sqlite": SQLITE_STEP_FINISH_HISTORY, "mysql": MYSQL_STEP_FINISH_HISTORY},
+    "step_handoff": {"postgresql": POSTGRESQL_STEP_HANDOFF},
+    "step_handoff_finish": {"mysql": MYSQL_STEP_HANDOFF_FINISH},
+    "step_handoff_start": {"mysql": MYSQL_STEP_HANDOFF_START},
+    "step_handoff_finish_history": {"mysql": MYSQL_STEP_HANDOFF_FINISH_HISTORY},
     "run_state": {
         "postgresql": POSTGRESQL_RUN_STATE,
         "sqlite": SQLITE_RUN_STATE,

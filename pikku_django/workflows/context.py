@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from asgiref.sync import async_to_sync
 
@@ -30,7 +30,7 @@ from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.current import StepHandle, running_step
 from pikku_django.workflows.fanout import FanOutMixin
 from pikku_django.workflows.registry import dotted_name
-from pikku_django.workflows.waits import PASS_CONTROL, Stop, Suspend, WaitsMixin, unwinds_store_errors
+from pikku_django.workflows.waits import PASS_CONTROL, Stop, Suspend, WaitsMixin, commits_held_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class RunContext(FanOutMixin, WaitsMixin):
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
 
-    @unwinds_store_errors
+    @commits_held_outcome
     def step(
         self,
         name: str,
@@ -170,20 +170,31 @@ class RunContext(FanOutMixin, WaitsMixin):
         steps = WorkflowStep.objects.db_manager(self._using)
 
         step = self._steps.get(name)
-        if step is None:
+        if step is not None:
+            # A step met before: the held success commits first, on its own.
+            self.flush_outcome()
+        else:
             self._check_live()
-            # A step run for the first time is inserted already claimed: one commit.
-            started = steps.start_step(
-                self.run_id,
-                name,
-                rpc_name,
-                lease_ms,
-                _step_data(args, kwargs),
-                retries=retries,
-                retry_delay=retry_delay,
-                holder=self.holder,
-                fence=self._fence,
-            )
+            # A step run for the first time is inserted already claimed, in
+            # one commit with the held success of the step before it (each
+            # keeps its own guard; a superseded success starts nothing).
+            pending = self.take_outcome()
+            try:
+                started = steps.start_step(
+                    self.run_id,
+                    name,
+                    rpc_name,
+                    lease_ms,
+                    _step_data(args, kwargs),
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    holder=self.holder,
+                    fence=self._fence,
+                    outcome=None if pending is None else pending.finish,
+                )
+            except StepSupersededError:
+                assert pending is not None
+                self._stale(pending.step)
             if started is not None:
                 # Its start was guarded by the run's state (active, not past its
                 # deadline), so the check after a claim is already made.
@@ -361,12 +372,15 @@ class RunContext(FanOutMixin, WaitsMixin):
         try:
             self._steps_store().write_finish(finish)
         except StepSupersededError:
-            # A newer attempt owns the step (this one's lease lapsed): its
-            # outcome is the step's, and this pass is stale.
-            logger.warning(
-                "Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt
-            )
-            raise Stop("superseded") from None
+            self._stale(step)
+
+    def _stale(self, step: WorkflowStep) -> NoReturn:
+        """
+        A newer attempt owns ``step`` (this one's lease lapsed, or a cancel
+        fenced it): its outcome is the step's, and this pass is stale.
+        """
+        logger.warning("Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt)
+        raise Stop("superseded") from None
 
     @property
     def scheduled_at(self) -> datetime.datetime | None:

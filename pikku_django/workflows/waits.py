@@ -83,20 +83,21 @@ PASS_CONTROL: tuple[type[BaseException], ...] = (Suspend, Stop, StoreFailure, Wo
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def unwinds_store_errors(method: F) -> F:
+def unwinds_store_errors(method: F, *, flushes: bool = True) -> F:
     """
     A ``ctx`` method that uses the store: it first commits the step success
     the pass still holds (``RunContext.flush_outcome``), so the store sees
     every step that ended before the call; and its database errors unwind
     the workflow function as ``StoreFailure`` (a BaseException), so the
     workflow's own ``except Exception`` never takes a database blip for a
-    step's outcome.
+    step's outcome. ``flushes=False``: the method commits the held success
+    itself (see ``commits_held_outcome``).
     """
 
     @functools.wraps(method)
     def wrapper(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            flush = getattr(ctx, "flush_outcome", None)
+            flush = getattr(ctx, "flush_outcome", None) if flushes else None
             if flush is not None:
                 flush()
             return method(ctx, *args, **kwargs)
@@ -104,6 +105,11 @@ def unwinds_store_errors(method: F) -> F:
             raise StoreFailure(error) from error
 
     return wrapper  # type: ignore[return-value]
+
+
+def commits_held_outcome(method: F) -> F:
+    """``unwinds_store_errors`` for ``ctx.step``, which commits the held success with a new step's start."""
+    return unwinds_store_errors(method, flushes=False)
 
 
 def suspend_run(run: WorkflowRun, suspend: Suspend, fence: RunFence | None = None) -> None:

@@ -1,0 +1,88 @@
+"""
+A step write's transaction in the fewest round trips its vendor allows:
+``one_transaction`` around a few statements, and on MySQL/MariaDB ``batch``,
+several statements (and their transaction) sent in one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, suppress
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from pikku_django import sql
+
+
+@contextmanager
+def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[None]:
+    """
+    One transaction around the two statements of a step write. On
+    MySQL/MariaDB it is opened and closed in a round trip each, where
+    Django's ``atomic()`` spends two more switching autocommit off and on
+    again; elsewhere, and inside an atomic block, it is ``atomic()``.
+    """
+    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic(using=connection.alias):
+            yield
+        return
+    cursor.execute(sql.statement("transaction_begin", connection))
+    try:
+        yield
+    except BaseException:
+        # A broken connection has rolled back on the server already.
+        with suppress(Exception):
+            cursor.execute(sql.statement("transaction_rollback", connection))
+        raise
+    cursor.execute(sql.statement("transaction_commit", connection))
+
+
+def batch(
+    connection: BaseDatabaseWrapper,
+    cursor: Any,
+    names: list[str],
+    params: dict[str, Any],
+    *,
+    within: bool = False,
+) -> list[Any]:
+    """
+    MySQL/MariaDB: the statements ``names`` in one transaction and one round
+    trip (mysqlclient enables multi-statements; see ``sql.MYSQL_MARK``);
+    ``within=True``: in the transaction the caller opened (``one_transaction``).
+    Returns each statement's (rows matched, LAST_INSERT_ID, rows, description).
+    An error stops
+    the server at that statement, and the transaction is rolled back.
+    """
+    texts = [sql.statement(name, connection) for name in names]
+    results = []
+
+    def result() -> tuple[Any, ...]:
+        rows = cursor.fetchall() if cursor.description else None
+        return (cursor.rowcount, cursor.lastrowid, rows, cursor.description)
+
+    if not connection.settings_dict["OPTIONS"].get("multi_statements", True):
+        # The project turned multi-statements off: the same transaction, a statement at a time.
+        with nullcontext() if within else one_transaction(connection, cursor):
+            for text in texts:
+                cursor.execute(text, params)
+                results.append(result())
+        return results
+    explicit = not within and connection.get_autocommit() and not connection.in_atomic_block
+    if explicit:
+        texts = [sql.statement("transaction_begin", connection), *texts]
+        texts.append(sql.statement("transaction_commit", connection))
+    try:
+        cursor.execute(";\n".join(text.strip() for text in texts), params)
+        results.append(result())
+        with connection.wrap_database_errors:
+            while cursor.nextset():
+                results.append(result())
+    except BaseException:
+        if explicit:
+            # A broken connection has rolled back on the server already.
+            with suppress(Exception):
+                cursor.execute(sql.statement("transaction_rollback", connection))
+        raise
+    return results[1:-1] if explicit else results
