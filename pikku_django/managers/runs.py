@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
@@ -53,10 +53,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         order = ("-priority", "wake_at")
         fields = ("pk", "wake_at", "queue", "priority")
-        walks = [
-            self.filter(status=status, wake_at__lte=DbNowMs()).order_by(*order)
-            for status in ACTIVE_RUN_STATUSES
-        ]
+        walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
         if connections[self.db].features.supports_slicing_ordering_in_compound:
             first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
             rows = list(first.union(*rest, all=True).order_by(*order)[:limit])
@@ -69,6 +66,19 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
             runs = self.model._default_manager.db_manager(self.db).get_queryset()
             rows = list(runs.filter(picked).order_by(*order).values_list(*fields)[:limit])
         return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
+
+    def _due_walk(self, status: str) -> WorkflowRunQuerySet:
+        """
+        The runs of ``status`` that are due, for a walk of ``pikku_run_due_idx``,
+        where ``wake_at <= now`` is only a filter: keyed on ``status`` alone,
+        a look with nothing due would read every run asleep until later. So
+        the walk's key is the status of the earliest due run, read once (an
+        uncorrelated subquery) from the front of the (status, wake_at) index,
+        where the bound is a range: ``status``, or NULL when nothing is due,
+        and a NULL key seeks nothing.
+        """
+        earliest = self.filter(status=status, wake_at__lte=DbNowMs()).order_by("wake_at")
+        return self.filter(status=Subquery(earliest.values("status")[:1]), wake_at__lte=DbNowMs())
 
     def due_later(self) -> WorkflowRunQuerySet:
         """
