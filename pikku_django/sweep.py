@@ -26,6 +26,7 @@ from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.base import take_write_lock, write_alias
 from pikku_django.managers.lifecycle import time_out_runs
+from pikku_django.managers.runs import not_queued
 from pikku_django.models import (
     Lease,
     LeaseTokenFloor,
@@ -120,9 +121,14 @@ def sweep(
     # (WorkflowRunQuerySet.due_later(), issue 20).
     stuck = runs.get_queryset().idle(idle_ms).not_queued()
     stalled = set(stuck.order_by("updated_at").values_list("pk", flat=True)[:limit])
+    # Read from the pending steps (few: a queued task has none yet), each
+    # run judged by its key, never from a walk of the runs.
     pending = steps.filter(
-        status="pending", run__status="running", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
-    ).filter(run__in=runs.get_queryset().not_queued())
+        not_queued("run__"),
+        status="pending",
+        run__status="running",
+        updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS),
+    )
     undispatched = set(pending.values_list("run_id", flat=True)[:limit])
     report.lapsed_runs, report.stalled_runs, report.undispatched_runs = (
         len(lapsed),

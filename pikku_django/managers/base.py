@@ -116,6 +116,10 @@ ACTIVE_RUN_STATUSES = ("running", "suspended")
 #: backlog of fresh work.
 WOKEN = 0
 
+#: The lowest ``wake_at`` a bigint holds: the lower bound of the range of
+#: runs woken out of turn (``not_queued()``).
+MIN_WAKE_AT = -(2**63)
+
 #: A step whose worker-loss budget is spent (the sweep asks it of running
 #: steps under a lapsed lease): a workflow step on the last attempt its
 #: current budget allows (``budget_base`` is the attempts spent before a

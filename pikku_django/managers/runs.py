@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
@@ -14,6 +14,7 @@ from pikku_django.errors import IdempotencySnapshotError, InvalidArgumentError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
+    MIN_WAKE_AT,
     SWEEP_BACKOFF_MAX_MS,
     SWEEP_BACKOFF_MS,
     WOKEN,
@@ -53,10 +54,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         order = ("-priority", "wake_at")
         fields = ("pk", "wake_at", "queue", "priority")
-        walks = [
-            self.filter(status=status, wake_at__lte=DbNowMs()).order_by(*order)
-            for status in ACTIVE_RUN_STATUSES
-        ]
+        walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
         if connections[self.db].features.supports_slicing_ordering_in_compound:
             first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
             rows = list(first.union(*rest, all=True).order_by(*order)[:limit])
@@ -69,6 +67,19 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
             runs = self.model._default_manager.db_manager(self.db).get_queryset()
             rows = list(runs.filter(picked).order_by(*order).values_list(*fields)[:limit])
         return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
+
+    def _due_walk(self, status: str) -> WorkflowRunQuerySet:
+        """
+        The runs of ``status`` that are due, for a walk of ``pikku_run_due_idx``,
+        where ``wake_at <= now`` is only a filter: keyed on ``status`` alone,
+        a look with nothing due would read every run asleep until later. So
+        the walk's key is the status of the earliest due run, read once (an
+        uncorrelated subquery) from the front of the (status, wake_at) index,
+        where the bound is a range: ``status``, or NULL when nothing is due,
+        and a NULL key seeks nothing.
+        """
+        earliest = self.filter(status=status, wake_at__lte=DbNowMs()).order_by("wake_at")
+        return self.filter(status=Subquery(earliest.values("status")[:1]), wake_at__lte=DbNowMs())
 
     def due_later(self) -> WorkflowRunQuerySet:
         """
@@ -103,9 +114,14 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         Runs that are neither due later nor merely waiting their turn for a
         worker: ``wake_at`` unset, or woken out of turn (``WOKEN``, ahead of
-        the queue).
+        the queue). Both are ranges at the front of the (status, wake_at)
+        index, so a sweep reads these and not the backlog of runs waiting
+        their turn or due later. ``wake_at <= WOKEN`` is said as a range
+        bounded on both sides: SQLite's planner, which prices a one-sided
+        range like the one on ``updated_at``, would walk (status,
+        updated_at) instead to spare a sort.
         """
-        return self.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=WOKEN))
+        return self.filter(not_queued())
 
     def idle(self, idle_ms: int) -> WorkflowRunQuerySet:
         """
@@ -206,8 +222,16 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         )
 
     def timed_out(self) -> WorkflowRunQuerySet:
-        """Unfinished runs past their deadline on the database clock."""
-        return self.filter(status__in=ACTIVE_RUN_STATUSES, deadline_at__lte=DbNowMs())
+        """
+        Unfinished runs past their deadline on the database clock. The
+        deadline is NOT NULL too, which the bound implies: PostgreSQL cannot
+        price a bound on the clock (a subquery), and without it would take
+        a third of the runs for past their deadline and scan the table; with
+        it, it sees that most runs have none and reads the index range.
+        """
+        return self.filter(
+            status__in=ACTIVE_RUN_STATUSES, deadline_at__isnull=False, deadline_at__lte=DbNowMs()
+        )
 
 
 class WorkflowRunManager(models.Manager["WorkflowRun"]):
@@ -331,6 +355,11 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         return list(
             self.get_queryset().idle(idle_ms).order_by("updated_at").values_list("pk", flat=True)[:limit]
         )
+
+
+def not_queued(prefix: str = "") -> Q:
+    """``WorkflowRunQuerySet.not_queued()`` as a condition, on the run at ``prefix`` (``"run__"``)."""
+    return Q(**{f"{prefix}wake_at__isnull": True}) | Q(**{f"{prefix}wake_at__range": (MIN_WAKE_AT, WOKEN)})
 
 
 def _winner(runs: WorkflowRunQuerySet, alias: str, idempotency_key: str) -> WorkflowRun:
