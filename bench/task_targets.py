@@ -29,7 +29,7 @@ The figures, in the order they are taken:
    flushes its counts when a transaction ends at least 1 s after its last
    flush; the worker's loops end one a second or less often, so the lag is
    under a second at both ends); MariaDB ``SHOW GLOBAL STATUS`` (Com_select,
-   Com_insert/update/delete, Com_commit, Innodb_rows_*): server-wide,
+   Com_insert/update/delete, Com_commit, Handler_write/update/delete): server-wide,
    so every other client of the server is in it too, and the number of
    other connections is printed beside it. SQLite: in-process only.
 3. **Wake-up.** With the same worker idle, ``--wakeups`` (40) no-op tasks
@@ -199,9 +199,9 @@ MARIADB_STATUS = [
     "Com_update",
     "Com_delete",
     "Com_commit",
-    "Innodb_rows_inserted",
-    "Innodb_rows_updated",
-    "Innodb_rows_deleted",
+    "Handler_write",
+    "Handler_update",
+    "Handler_delete",
 ]
 
 
@@ -647,12 +647,13 @@ def report(
                 f"{rows} rows written in {options.idle:.0f} s | |"
             )
         else:
-            rows = server["Innodb_rows_inserted"] + server["Innodb_rows_updated"]
-            rows += server["Innodb_rows_deleted"]
+            rows = server["Handler_write"] + server["Handler_update"]
+            rows += server["Handler_delete"]
             print(
-                f"| 4. idle worker, SHOW GLOBAL STATUS (server-wide, {quiet['connections']} other "
-                f"connections) | {server['Com_select'] / options.idle:.1f} Com_select/s, "
-                f"{rows} InnoDB rows written, {server['Com_commit']} Com_commit | |"
+                f"| 4. idle worker, SHOW GLOBAL STATUS (server-wide; {quiet['connections']} connections "
+                f"besides the bench's, the worker's included) | "
+                f"{server['Com_select'] / options.idle:.1f} Com_select/s, "
+                f"{rows} rows written (Handler_write/update/delete), {server['Com_commit']} Com_commit | |"
             )
     print(
         f"| 5. durable commits, lone task, in the worker | median {statistics.median(lone['worker'])} "
