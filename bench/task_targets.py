@@ -253,16 +253,19 @@ class WalCommits:
         self.touching.clear()
         self.committed.clear()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_current_wal_lsn()::text")
+            cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
             (self.lsn,) = cursor.fetchone()
 
     def read(self) -> None:
         with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_flush_lsn() > %s::pg_lsn", [self.lsn])
+            if not cursor.fetchone()[0]:
+                return
             cursor.execute(
                 """
                 WITH r AS MATERIALIZED (
                     SELECT end_lsn, xid, record_type, description, block_ref
-                    FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_lsn())
+                    FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn())
                 ), x AS (
                     SELECT xid::text AS xid, bool_or(coalesce(block_ref, '') LIKE %s) AS touches,
                            string_agg(CASE WHEN record_type = 'COMMIT' THEN description END, ' ') AS commit
