@@ -33,7 +33,8 @@ The figures, in the order they are taken:
    so every other client of the server is in it too, and the number of
    other connections is printed beside it. SQLite: in-process only.
 3. **Wake-up.** With the same worker idle, ``--wakeups`` (40) no-op tasks
-   enqueued one at a time (``noop.enqueue()`` in autocommit), each once the
+   enqueued one at a time (``noop.enqueue()`` in ``transaction.atomic()``:
+   its two INSERTs commit together, with the NOTIFY), each once the
    previous one has finished and a further 0.2 to 1.2 s have passed (a
    seeded random gap, so that the enqueues fall at every phase of the
    lanes' 1 s poll). The enqueue's commit is read on the database clock
@@ -414,7 +415,12 @@ def wakeup_latencies(samples: int) -> list[float]:
     latencies = []
     for _ in range(samples):
         time.sleep(0.2 + rng.random())
-        result = noop.enqueue()
+        # In one transaction: in autocommit the run's row commits (and on
+        # PostgreSQL wakes the worker) before enqueue() inserts the task's
+        # step, and a worker that inserts the step first makes that INSERT
+        # fail on the step's unique key (bench/README.md, issue 14 measurements).
+        with transaction.atomic():
+            result = noop.enqueue()
         committed = db_clock()
         wait_finished(result.id)
         attempt = WorkflowStepAttempt.objects.get(step__run_id=result.id)
