@@ -39,9 +39,12 @@ def with_module(module: str) -> str:
     )
 
 
-def start_worker(module: str, args: list[str]) -> subprocess.Popen[str]:
-    """``manage.py args…`` (a worker) with ``module`` imported, once it has connected to the database."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def start_worker(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """
+    ``manage.py args…`` (a worker) with ``module`` imported, once it has
+    connected to the database; ``env`` adds to this process's environment.
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.Popen(
         [sys.executable, "-c", with_module(module), *args],
         cwd=ROOT,
