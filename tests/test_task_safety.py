@@ -11,12 +11,13 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import F
 from django.test import TransactionTestCase
 from django.test.utils import CaptureQueriesContext
@@ -182,6 +183,35 @@ class StatementTests(TransactionTestCase):
             fetched = result_of(result.id)
         assert len(read.captured_queries) <= 2, read.captured_queries
         assert (fetched.return_value, fetched.worker_ids) == (3, ["w-1"])
+
+
+class EnqueueRaceTests(TransactionTestCase):
+    def test_a_worker_that_takes_the_run_before_its_step_is_stored_is_no_error(self) -> None:
+        """
+        In autocommit the run is due once its INSERT commits. A worker (on its
+        own connection, in a thread) takes it and inserts the step itself just
+        before enqueue's own step INSERT: enqueue returns the task, run once.
+        """
+        staged: list[int] = []
+
+        def worker_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            if not staged and sql.startswith("INSERT") and WorkflowStep._meta.db_table in sql:
+                staged.append(1)
+                thread = threading.Thread(target=lambda: (drain("racer"), connections.close_all()))
+                thread.start()
+                thread.join(timeout=60)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(worker_first):
+            result = tasks.add.enqueue(2, 3)
+        assert staged
+        fetched = result_of(result.id)
+        assert (fetched.status, fetched.return_value, fetched.worker_ids) == (
+            TaskResultStatus.SUCCESSFUL,
+            5,
+            ["racer"],
+        )
+        assert WorkflowStep.objects.filter(run_id=result.id).count() == 1
 
 
 class DeferredTests(TransactionTestCase):

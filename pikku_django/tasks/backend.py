@@ -8,7 +8,7 @@ from typing import Any
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ValidationError
-from django.db import router
+from django.db import IntegrityError, connections, router
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
@@ -148,14 +148,21 @@ class PikkuTaskBackend(BaseTaskBackend):
             internal=True,
         )
         # Stored now, so that a worker only claims it.
-        WorkflowStep.objects.db_manager(alias).insert_pending(
-            run,
-            TASK_STEP,
-            task.module_path,
-            retries=self.retries,
-            worker_losses=self.worker_losses,
-            deferred=run_after_ms is not None,
-        )
+        try:
+            WorkflowStep.objects.db_manager(alias).insert_pending(
+                run,
+                TASK_STEP,
+                task.module_path,
+                retries=self.retries,
+                worker_losses=self.worker_losses,
+                deferred=run_after_ms is not None,
+            )
+        except IntegrityError:
+            if connections[alias].in_atomic_block:
+                raise
+            # In autocommit the run was due once its INSERT committed, and a
+            # worker took it and inserted the step itself: the task is stored
+            # (and running), as it would be had this INSERT come first.
         result = build_result(task, self.alias, run, None, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)
         return result
