@@ -222,6 +222,9 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
     candidates = Q(key__in=list(old), expires_at__lte=cutoff) | Q(key__in=finished, expires_at__lte=now)
     highest = max([*old.values(), *(run_leases[key] for key in finished)], default=None)
 
+    if not old and not finished:
+        # Nothing to prune and no floor to raise: an idle sweep writes nothing.
+        return 0
     if dry_run:
         floor = LeaseTokenFloor.objects.using(alias).filter(pk=1).first() or LeaseTokenFloor()
         if floor.raised_at <= now - PRUNE_GRACE_MS:
@@ -230,13 +233,15 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
     with transaction.atomic(using=alias):
         take_write_lock(alias)
         floor, _ = LeaseTokenFloor.objects.using(alias).select_for_update().get_or_create(pk=1)
+        stood = (floor.token, floor.prunable_token, floor.raised_at)
         if floor.raised_at <= now - PRUNE_GRACE_MS and floor.prunable_token < floor.token:
             floor.prunable_token = floor.token
         pruned, _ = leases.filter(candidates, token__lte=floor.prunable_token).delete()
         if highest is not None and highest > floor.token:
             floor.token = highest
             floor.raised_at = now
-        floor.save()
+        if (floor.token, floor.prunable_token, floor.raised_at) != stood:
+            floor.save()
     return pruned
 
 

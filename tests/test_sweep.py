@@ -7,7 +7,9 @@ import json
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import TestCase
+from django.test.utils import CaptureQueriesContext
 
 from pikku_django.managers import SWEEP_BACKOFF_MAX_MS, WOKEN
 from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
@@ -313,3 +315,22 @@ class DryRunAndCommandTests(TestCase):
             sweep(stalled_after_ms=-1)
         with pytest.raises(ValueError, match="limit"):
             sweep(limit=0)
+
+
+class IdleSweepTests(TestCase):
+    def test_a_sweep_with_nothing_to_do_writes_nothing(self) -> None:
+        # Some history that needs nothing: a live lease, a running run with a step in flight.
+        Lease.objects.acquire("live", "me", 60_000)
+        run = make_run()
+        claim_step = make_step(run, "s")
+        WorkflowStep.objects.claim(run.pk, claim_step.step_name, claim_step.rpc_name, 60_000)
+        sweep()  # the first pass may create the token floor's row
+        with CaptureQueriesContext(connection) as queries:
+            report = sweep()
+        writes = [
+            q["sql"]
+            for q in queries.captured_queries
+            if q["sql"].split()[0].upper() in {"INSERT", "UPDATE", "DELETE"} and "0 = 1" not in q["sql"]
+        ]
+        assert writes == [], writes
+        assert report.woken_runs == 0
