@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import DatabaseError, connections
 
@@ -21,6 +22,9 @@ from pikku_django.errors import DatabaseUnavailableError
 from pikku_django.outages import OUTAGE_ERRORS, Outage, raise_if_not_migrated
 
 logger = logging.getLogger(__name__)
+
+#: The clock every loop's ``phase`` is counted on.
+_SHARED_CLOCK = time.monotonic()
 
 
 def refresh_connections() -> None:
@@ -62,6 +66,11 @@ class Poller:
     wakes: bool = True
     #: Seconds of outage after which the loop gives up (None: never).
     gives_up_after: float | None = None
+    #: Where in each interval this loop's idle polls fall, in seconds from a
+    #: clock shared by every loop of the process (None: ``interval`` after
+    #: the last poll). Loops given phases spread over the interval take
+    #: turns, so that together they look every ``interval / n``.
+    phase: float | None = None
 
     def __init__(
         self, name: str, *, stop: threading.Event | None = None, interval: float | None = None
@@ -117,11 +126,18 @@ class Poller:
                 if busy or self.stopping.is_set() or self.finished():
                     continue
                 if self.wakes:
-                    seen = wakeups.wait(seen, self.interval, self.stopping)
+                    seen = wakeups.wait(seen, self._idle_wait(), self.stopping)
                 else:
-                    self.stopping.wait(self.interval)
+                    self.stopping.wait(self._idle_wait())
         finally:
             self.teardown()
+
+    def _idle_wait(self) -> float:
+        """Seconds until the next idle poll: ``interval``, or to this loop's next turn (``phase``)."""
+        if self.phase is None or self.interval <= 0:
+            return self.interval
+        into = (time.monotonic() - _SHARED_CLOCK - self.phase) % self.interval
+        return self.interval - into
 
     def start(self) -> None:
         """Run on a thread of its own."""

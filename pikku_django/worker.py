@@ -64,6 +64,9 @@ class Lane(Poller):
         self.worker = worker
         self.holder = worker.lane_holder(index)
         self.idle = False
+        # The lanes take turns to look while idle: together they look every
+        # interval / concurrency, not all at once every interval.
+        self.phase = self.interval * index / worker.concurrency
 
     def poll(self) -> bool:
         took = self.worker.drive_next(self.holder)

@@ -12,8 +12,10 @@ import time
 import pytest
 from django.db import connection, connections, transaction
 
+from pikku_django import loops
+from pikku_django.loops import Poller
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
-from pikku_django.worker import Worker
+from pikku_django.worker import Lane, Worker
 from pikku_django.workflows import start_workflow
 from testproject.testing.models import StepCall
 from tests.conftest import poll_until, subprocess_env
@@ -131,6 +133,20 @@ class WakeUpTests(ProcessTestCase):
             worker.stop()
             thread.join(30)
         assert not thread.is_alive()
+
+    def test_idle_lanes_take_turns_to_look(self) -> None:
+        worker = Worker(holder="turns", interval=2, concurrency=4)
+        lanes = [Lane(worker, index) for index in range(4)]
+        assert [lane.phase for lane in lanes] == [0, 0.5, 1.0, 1.5]
+        for lane in lanes:
+            # Each idle wait ends on the lane's own turn of the shared clock, so
+            # the four lanes look every half second between them, not together.
+            wait = lane._idle_wait()
+            assert 0 < wait <= 2
+            turn = (time.monotonic() + wait - loops._SHARED_CLOCK - lane.phase) % 2
+            assert min(turn, 2 - turn) < 0.05, (lane.phase, turn)
+        # A loop with no phase waits its whole interval.
+        assert Poller("plain", interval=2)._idle_wait() == 2
 
     def test_a_rolled_back_start_announces_nothing(self) -> None:
         if connection.vendor != "postgresql":
