@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, router
+from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.conf import conf
+from pikku_django.drivers import driver
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
 from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
-from pikku_django.managers.batches import batch, one_transaction
 from pikku_django.managers.fence import UNFENCED, RunFence
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ class StepAttemptsMixin:
         params.update(now_params(connection))
         with hot_cursor(connection) as cursor:
             if outcome is None:
-                started = self._start(connection, cursor, params)
+                started = driver(connection).start_step(connection, cursor, params)
             else:
                 started = self._handoff(connection, cursor, params, outcome)
         if not started:
@@ -147,38 +146,6 @@ class StepAttemptsMixin:
         step._state.db = connection.alias
         return step
 
-    def _start(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
-    ) -> bool:
-        text = sql.statement("step_start", connection)
-        if connection.vendor == "postgresql":
-            # The step and its attempt row are one statement (sql.POSTGRESQL_STEP_START).
-            cursor.execute(text, params)
-            return cursor.fetchone() is not None
-        if connection.vendor == "mysql":
-            # The step and its attempt row in one transaction and one round trip;
-            # a duplicate (run, step name) stops it at the step row.
-            try:
-                (inserted, *_), _ = batch(connection, cursor, ["step_start", "step_start_history"], params)
-            except IntegrityError:
-                return False
-            return bool(inserted == 1)
-        history = sql.statement("step_claim_history", connection)
-        with nullcontext() if within else one_transaction(connection, cursor):
-            cursor.execute(text, params)
-            if cursor.fetchone() is None:
-                return False
-            cursor.execute(
-                history,
-                {
-                    "step_id": params["step_id"],
-                    "attempt": 1,
-                    "holder": params["holder"],
-                    **now_params(connection),
-                },
-            )
-        return True
-
     def _handoff(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], outcome: PreparedFinish
     ) -> bool:
@@ -188,29 +155,7 @@ class StepAttemptsMixin:
         ``StepSupersededError``, and then nothing is written.
         """
         done = self._finish_params(outcome, connection)
-        renamed = {f"done_{name}": value for name, value in done.items() if name != "now_dt"}
-        if connection.vendor == "postgresql":
-            # One statement (sql.POSTGRESQL_STEP_HANDOFF).
-            cursor.execute(sql.statement("step_handoff", connection), {**params, **renamed})
-            matched, inserted = cursor.fetchone()
-            finished, started = matched == 1, inserted == 1
-        elif connection.vendor == "mysql":
-            # One round trip; the start is guarded by the outcome's match (its LAST_INSERT_ID).
-            names = ["mark", "step_handoff_finish", "step_handoff_start", "step_start_history"]
-            try:
-                _, (matched, *_), (inserted, *_), _, _ = batch(
-                    connection, cursor, [*names, "step_handoff_finish_history"], {**params, **renamed}
-                )
-                finished, started = matched == 1, inserted == 1
-            except IntegrityError:
-                # Another pass inserted the step: the whole transaction rolled
-                # back, so the outcome is written on its own, as it was held.
-                finished, started = _write_finish(connection, cursor, done, within=False), False
-        else:
-            with one_transaction(connection, cursor):
-                finished = _write_finish(connection, cursor, done, within=True)
-                # A refused start commits the outcome on its own.
-                started = finished and self._start(connection, cursor, params, within=True)
+        finished, started = driver(connection).handoff(connection, cursor, params, done)
         if not finished:
             raise StepSupersededError(outcome.step_id, outcome.attempt)
         return bool(started)
@@ -234,38 +179,8 @@ class StepAttemptsMixin:
         ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
-        text = sql.statement("step_claim_attempt", connection)
-        attempt: int | None = None
         with hot_cursor(connection) as cursor:
-            if connection.vendor == "postgresql":
-                # The UPDATE and the history row are one statement.
-                cursor.execute(text, params)
-                row = cursor.fetchone()
-                attempt = None if row is None else int(row[0])
-            elif connection.vendor == "sqlite":
-                with one_transaction(connection, cursor):
-                    cursor.execute(text, params)
-                    row = cursor.fetchone()
-                    if row is not None:
-                        attempt = int(row[1])
-                        history = sql.statement("step_claim_history", connection)
-                        cursor.execute(
-                            history,
-                            {
-                                "step_id": row[0],
-                                "attempt": attempt,
-                                "holder": params["holder"],
-                                **now_params(connection),
-                            },
-                        )
-            else:
-                # The claim and its history row in one transaction and one round trip.
-                _, (matched, claimed, _, _), _ = batch(
-                    connection, cursor, ["mark", "step_claim_attempt", "step_claim_attempt_history"], params
-                )
-                if matched == 1:
-                    # Rows matched (CLIENT.FOUND_ROWS); the attempt rides in LAST_INSERT_ID.
-                    attempt = int(claimed)
+            attempt = driver(connection).claim_attempt(connection, cursor, params)
         if attempt is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
         return attempt
@@ -309,7 +224,7 @@ class StepAttemptsMixin:
         connection = self._write_connection()
         params = self._finish_params(finish, connection)
         with hot_cursor(connection) as cursor:
-            if not _write_finish(connection, cursor, params, within=within):
+            if not driver(connection).write_finish(connection, cursor, params, within=within):
                 raise StepSupersededError(finish.step_id, finish.attempt)
 
     def _finish_params(self, finish: PreparedFinish, connection: BaseDatabaseWrapper) -> dict[str, Any]:
@@ -338,27 +253,3 @@ class PreparedFinish:
     def stored(self) -> Any:
         """The result as a replay returns it (its JSON round trip)."""
         return None if self.result_text is None else json.loads(self.result_text)
-
-
-def _write_finish(
-    connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
-) -> bool:
-    """The fenced UPDATE of an attempt's outcome and its history row; False if superseded."""
-    text = sql.statement("step_finish", connection)
-    if connection.vendor == "postgresql":
-        # The fenced UPDATE and the history row are one statement.
-        cursor.execute(text, params)
-        return cursor.fetchone() is not None
-    if connection.vendor == "mysql":
-        # The fenced UPDATE and its history row in one round trip (and one
-        # transaction, unless the caller's holds them).
-        names = ["mark", "step_finish", "step_finish_history"]
-        _, (matched, *_), _ = batch(connection, cursor, names, params, within=within)
-        return bool(matched == 1)
-    with nullcontext() if within else one_transaction(connection, cursor):
-        cursor.execute(text, params)
-        if cursor.rowcount != 1:
-            # Nothing was written: the transaction commits empty.
-            return False
-        cursor.execute(sql.statement("step_finish_history", connection), params)
-    return True

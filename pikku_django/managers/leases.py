@@ -9,6 +9,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.clock import DbNowMs
+from pikku_django.drivers import driver
 from pikku_django.managers.base import ensure_autocommit, hot_cursor
 
 if TYPE_CHECKING:
@@ -108,13 +109,7 @@ class LeaseManager(models.Manager["Lease"]):
         ensure_autocommit(connection)
         with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("lease_refresh", connection), params)
-            if connection.vendor == "mysql":
-                # Rows matched (CLIENT.FOUND_ROWS); the expiry rides in LAST_INSERT_ID.
-                if cursor.rowcount != 1:
-                    return None
-                row: tuple[Any, ...] | None = (lease.key, lease.holder, lease.token, cursor.lastrowid)
-            else:
-                row = cursor.fetchone()
+            row = driver(connection).refreshed(cursor, lease)
         return None if row is None else self._lease(row, connection.alias)
 
     def release(self, lease: Lease) -> bool:

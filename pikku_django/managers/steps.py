@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q, Value
 
-from pikku_django import sql, validate
+from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
+from pikku_django.drivers import driver
 from pikku_django.errors import (
     InvalidArgumentError,
     StepFunctionMismatchError,
@@ -21,7 +21,6 @@ from pikku_django.errors import (
 )
 from pikku_django.managers.attempts import StepAttemptsMixin
 from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
-from pikku_django.managers.batches import batch, one_transaction
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun, WorkflowStep
@@ -163,49 +162,15 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
         with hot_cursor(connection) as cursor:
-            if connection.vendor == "postgresql":
-                # One statement, atomic on its own: a transaction around it would
-                # only add a BEGIN and a COMMIT round trip.
-                step = self._claim(connection, cursor, params)
-            elif connection.vendor == "mysql":
-                # The claim, its read-back and its history row in one transaction
-                # and one round trip (sql.MYSQL_MARK).
-                names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
-                _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params)
-                step = self._from_row(alias, description, rows[0]) if rows else None
-            else:
-                with one_transaction(connection, cursor):
-                    step = self._claim(connection, cursor, params)
+            step = driver(connection).claim_step(
+                connection,
+                cursor,
+                params,
+                lambda description, row: self._from_row(alias, description, row),
+                lambda step: self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
+            )
         if step is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)
-        return step
-
-    def _claim(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
-    ) -> WorkflowStep | None:
-        alias = connection.alias
-        cursor.execute(sql.statement("step_claim", connection), params)
-        if connection.vendor == "mysql":
-            # Rows matched (CLIENT.FOUND_ROWS); read back under the row lock this transaction holds.
-            step = (
-                self.using(alias).get(run_id=params["run_id"], step_name=params["step_name"])
-                if cursor.rowcount
-                else None
-            )
-        else:
-            row = cursor.fetchone()
-            step = None if row is None else self._from_row(alias, cursor.description, row)
-        if step is not None and connection.vendor != "postgresql":
-            # On PostgreSQL the history row is part of the claim (sql.POSTGRESQL_STEP_CLAIM).
-            cursor.execute(
-                sql.statement("step_claim_history", connection),
-                {
-                    "step_id": self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
-                    "attempt": step.attempt,
-                    "holder": params["holder"],
-                    **now_params(connection),
-                },
-            )
         return step
 
     def _from_row(self, alias: str, description: Any, row: tuple[Any, ...]) -> WorkflowStep:

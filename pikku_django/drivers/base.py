@@ -1,0 +1,118 @@
+"""
+The portable driver: each guarded write is its statement and, for a step,
+the attempt's history row, in one short transaction (SQLite runs it so; the
+other vendors fold the two into fewer round trips, see their drivers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from pikku_django import sql
+from pikku_django.managers.base import now_params
+from pikku_django.managers.batches import one_transaction
+
+if TYPE_CHECKING:
+    from pikku_django.models import Lease, WorkflowStep
+
+#: Builds a step from a ``RETURNING *`` row: (description, row) -> step.
+StepFromRow = Callable[[Any, tuple[Any, ...]], "WorkflowStep"]
+
+
+class Driver:
+    """Runs one vendor's guarded statements and reads their answers (see ``pikku_django.drivers``)."""
+
+    # -- leases -----------------------------------------------------------------------
+
+    def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
+        """After ``lease_refresh`` ran: the renewed row (key, holder, token, expiry), or None."""
+        row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
+
+    # -- steps ------------------------------------------------------------------------
+
+    def history(
+        self, connection: BaseDatabaseWrapper, cursor: Any, step_id: Any, attempt: int, holder: str
+    ) -> None:
+        """The history row of attempt ``attempt`` of a step just claimed or started."""
+        cursor.execute(
+            sql.statement("step_claim_history", connection),
+            {"step_id": step_id, "attempt": attempt, "holder": holder, **now_params(connection)},
+        )
+
+    def start_step(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
+    ) -> bool:
+        """Insert a step already claimed, with its attempt row; False if refused (``sql`` ``step_start``)."""
+        with nullcontext() if within else one_transaction(connection, cursor):
+            cursor.execute(sql.statement("step_start", connection), params)
+            if cursor.fetchone() is None:
+                return False
+            self.history(connection, cursor, params["step_id"], 1, params["holder"])
+        return True
+
+    def handoff(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], done: dict[str, Any]
+    ) -> tuple[bool, bool]:
+        """
+        The held outcome ``done`` and the start ``params`` in one transaction:
+        (the outcome matched its attempt, the step was started). A refused
+        start commits the outcome on its own; an outcome that did not match
+        starts nothing.
+        """
+        with one_transaction(connection, cursor):
+            finished = self.write_finish(connection, cursor, done, within=True)
+            started = finished and self.start_step(connection, cursor, params, within=True)
+        return finished, started
+
+    def claim_attempt(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+    ) -> int | None:
+        """The guarded claim of a step's next attempt with its history row: the attempt now run, or None."""
+        with one_transaction(connection, cursor):
+            cursor.execute(sql.statement("step_claim_attempt", connection), params)
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            attempt = int(row[1])
+            self.history(connection, cursor, row[0], attempt, params["holder"])
+        return attempt
+
+    def claim_step(
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        params: dict[str, Any],
+        from_row: StepFromRow,
+        step_id: Callable[[WorkflowStep], Any],
+    ) -> WorkflowStep | None:
+        """``claim()``'s guarded UPDATE and its history row: the claimed step, or None."""
+        with one_transaction(connection, cursor):
+            cursor.execute(sql.statement("step_claim", connection), params)
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            step = from_row(cursor.description, row)
+            self.history(connection, cursor, step_id(step), step.attempt, params["holder"])
+        return step
+
+    def write_finish(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
+    ) -> bool:
+        """The fenced UPDATE of an attempt's outcome and its history row; False if superseded."""
+        with nullcontext() if within else one_transaction(connection, cursor):
+            cursor.execute(sql.statement("step_finish", connection), params)
+            if cursor.rowcount != 1:
+                # Nothing was written: the transaction commits empty.
+                return False
+            cursor.execute(sql.statement("step_finish_history", connection), params)
+        return True
+
+
+def done_params(done: dict[str, Any]) -> dict[str, Any]:
+    """A held outcome's parameters renamed ``done_*``, beside a start's in one statement."""
+    return {f"done_{name}": value for name, value in done.items() if name != "now_dt"}

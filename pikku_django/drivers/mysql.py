@@ -1,0 +1,86 @@
+"""
+MySQL/MariaDB: a step's write and its history row go in one round trip, a
+multi-statement batch in one transaction (``managers.batches.batch``,
+``sql.MYSQL_MARK``). The answers are the rows matched (``CLIENT.FOUND_ROWS``)
+and what a statement left in ``LAST_INSERT_ID``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from pikku_django.drivers.base import Driver, StepFromRow, done_params
+from pikku_django.managers.batches import batch
+
+if TYPE_CHECKING:
+    from pikku_django.models import Lease, WorkflowStep
+
+
+class MySQLDriver(Driver):
+    def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
+        # Rows matched; the expiry rides in LAST_INSERT_ID.
+        if cursor.rowcount != 1:
+            return None
+        return (lease.key, lease.holder, lease.token, cursor.lastrowid)
+
+    def start_step(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
+    ) -> bool:
+        # A duplicate (run, step name) stops the batch at the step row.
+        try:
+            (inserted, *_), _ = batch(
+                connection, cursor, ["step_start", "step_start_history"], params, within=within
+            )
+        except IntegrityError:
+            return False
+        return bool(inserted == 1)
+
+    def handoff(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], done: dict[str, Any]
+    ) -> tuple[bool, bool]:
+        # One round trip; the start is guarded by the outcome's match (its LAST_INSERT_ID).
+        names = ["mark", "step_handoff_finish", "step_handoff_start", "step_start_history"]
+        try:
+            _, (matched, *_), (inserted, *_), _, _ = batch(
+                connection, cursor, [*names, "step_handoff_finish_history"], {**params, **done_params(done)}
+            )
+        except IntegrityError:
+            # Another pass inserted the step: the whole transaction rolled
+            # back, so the outcome is written on its own, as it was held.
+            return self.write_finish(connection, cursor, done, within=False), False
+        return matched == 1, inserted == 1
+
+    def claim_attempt(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+    ) -> int | None:
+        # The claim and its history row in one transaction and one round trip.
+        names = ["mark", "step_claim_attempt", "step_claim_attempt_history"]
+        _, (matched, claimed, _, _), _ = batch(connection, cursor, names, params)
+        # Rows matched; the attempt rides in LAST_INSERT_ID.
+        return int(claimed) if matched == 1 else None
+
+    def claim_step(
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        params: dict[str, Any],
+        from_row: StepFromRow,
+        step_id: Callable[[WorkflowStep], Any],
+    ) -> WorkflowStep | None:
+        # The claim, its read-back and its history row in one transaction and one round trip.
+        names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
+        _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params)
+        return from_row(description, rows[0]) if rows else None
+
+    def write_finish(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
+    ) -> bool:
+        # The fenced UPDATE and its history row in one round trip (and one
+        # transaction, unless the caller's holds them).
+        names = ["mark", "step_finish", "step_finish_history"]
+        _, (matched, *_), _ = batch(connection, cursor, names, params, within=within)
+        return bool(matched == 1)

@@ -1,0 +1,60 @@
+"""
+PostgreSQL: a step's write and its attempt's history row are one statement
+(data-modifying CTEs, see ``sql.POSTGRESQL_STEP_*``), atomic on its own, so
+no transaction is opened around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from pikku_django import sql
+from pikku_django.drivers.base import Driver, StepFromRow, done_params
+
+if TYPE_CHECKING:
+    from pikku_django.models import WorkflowStep
+
+
+class PostgreSQLDriver(Driver):
+    def start_step(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
+    ) -> bool:
+        cursor.execute(sql.statement("step_start", connection), params)
+        return cursor.fetchone() is not None
+
+    def handoff(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], done: dict[str, Any]
+    ) -> tuple[bool, bool]:
+        # One statement (sql.POSTGRESQL_STEP_HANDOFF).
+        cursor.execute(sql.statement("step_handoff", connection), {**params, **done_params(done)})
+        matched, inserted = cursor.fetchone()
+        return matched == 1, inserted == 1
+
+    def claim_attempt(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+    ) -> int | None:
+        cursor.execute(sql.statement("step_claim_attempt", connection), params)
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    def claim_step(
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        params: dict[str, Any],
+        from_row: StepFromRow,
+        step_id: Callable[[WorkflowStep], Any],
+    ) -> WorkflowStep | None:
+        # The claim and its history row are one statement (sql.POSTGRESQL_STEP_CLAIM).
+        cursor.execute(sql.statement("step_claim", connection), params)
+        row = cursor.fetchone()
+        return None if row is None else from_row(cursor.description, row)
+
+    def write_finish(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
+    ) -> bool:
+        cursor.execute(sql.statement("step_finish", connection), params)
+        return cursor.fetchone() is not None
