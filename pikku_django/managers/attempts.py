@@ -24,9 +24,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.conf import conf
-from pikku_django.drivers import driver
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
 from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import UNFENCED, RunFence
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from django.db.models import F, Q, Value
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
-from pikku_django.drivers import driver
 from pikku_django.errors import (
     InvalidArgumentError,
     StepFunctionMismatchError,
@@ -21,6 +20,7 @@ from pikku_django.errors import (
 )
 from pikku_django.managers.attempts import StepAttemptsMixin
 from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.drivers import driver
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun, WorkflowStep

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pikku_django.drivers.base import Driver
+from pikku_django.managers.drivers.base import Driver
 
 
 class SQLiteDriver(Driver):

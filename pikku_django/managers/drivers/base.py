@@ -24,7 +24,7 @@ StepFromRow = Callable[[Any, tuple[Any, ...]], "WorkflowStep"]
 
 
 class Driver:
-    """Runs one vendor's guarded statements and reads their answers (see ``pikku_django.drivers``)."""
+    """Runs one vendor's guarded statements and reads their answers (see ``managers.drivers``)."""
 
     # -- leases -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.drivers.base import Driver, StepFromRow, done_params
+from pikku_django.managers.drivers.base import Driver, StepFromRow, done_params
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowStep

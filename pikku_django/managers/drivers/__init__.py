@@ -21,7 +21,7 @@ import functools
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from pikku_django.drivers.base import Driver
+from pikku_django.managers.drivers.base import Driver
 
 __all__ = ["Driver", "driver"]
 
@@ -34,15 +34,15 @@ def driver(connection: BaseDatabaseWrapper) -> Driver:
 @functools.cache
 def _for_vendor(vendor: str) -> Driver:
     if vendor == "postgresql":
-        from pikku_django.drivers.postgresql import PostgreSQLDriver
+        from pikku_django.managers.drivers.postgresql import PostgreSQLDriver
 
         return PostgreSQLDriver()
     if vendor == "mysql":
-        from pikku_django.drivers.mysql import MySQLDriver
+        from pikku_django.managers.drivers.mysql import MySQLDriver
 
         return MySQLDriver()
     if vendor == "sqlite":
-        from pikku_django.drivers.sqlite import SQLiteDriver
+        from pikku_django.managers.drivers.sqlite import SQLiteDriver
 
         return SQLiteDriver()
     raise NotSupportedError(f"pikku_django supports PostgreSQL, MySQL/MariaDB and SQLite, not {vendor!r}.")
