@@ -78,15 +78,21 @@ def insert_items(
     )
 
 
-def release_first(alias: str, step_id: Any, count: int) -> int:
-    """Make the first ``count`` held items of ``step_id`` due now; returns how many."""
+def _held(alias: str, step_id: Any) -> Any:
+    """The held items of the fan-out step ``step_id``: suspended with no ``wake_at``."""
     from pikku_django.models import WorkflowRun
 
-    released = (
-        WorkflowRun.objects.using(alias)
-        .filter(parent_step_id=step_id, parent_index__lt=count, status=HELD, wake_at__isnull=True)
-        .update(status="running", wake_at=DbNowMs(), updated_at=DbNow())
-    )
+    return WorkflowRun.objects.using(alias).filter(parent_step_id=step_id, status=HELD, wake_at__isnull=True)
+
+
+def _make_due(items: Any) -> int:
+    """Make the held ``items`` due now: the one "release" UPDATE; returns how many."""
+    return int(items.update(status="running", wake_at=DbNowMs(), updated_at=DbNow()))
+
+
+def release_first(alias: str, step_id: Any, count: int) -> int:
+    """Make the first ``count`` held items of ``step_id`` due now; returns how many."""
+    released = _make_due(_held(alias, step_id).filter(parent_index__lt=count))
     if released:
         work_due(alias)
     return released
@@ -130,15 +136,12 @@ def _release_next(alias: str, step_id: Any, cursor: int, total: int) -> int:
     and a range read of the (parent_step, parent_index) index skips them
     (each once: the cursor moves past them).
     """
-    from pikku_django.models import WorkflowRun
-
-    held = WorkflowRun.objects.using(alias).filter(parent_step_id=step_id, status=HELD, wake_at__isnull=True)
-    due = {"status": "running", "wake_at": DbNowMs(), "updated_at": DbNow()}
-    if not held.filter(parent_index=cursor).update(**due):
+    held = _held(alias, step_id)
+    if not _make_due(held.filter(parent_index=cursor)):
         ahead = held.filter(parent_index__gt=cursor).order_by("parent_index")
         found = ahead.values_list("parent_index", flat=True).first()
         cursor = total if found is None else int(found)
-        if cursor >= total or not held.filter(parent_index=cursor).update(**due):
+        if cursor >= total or not _make_due(held.filter(parent_index=cursor)):
             return total
     work_due(alias)
     return cursor + 1
@@ -186,17 +189,12 @@ def _wake_parent(alias: str, parent_id: Any) -> None:
         work_due(alias)
 
 
-def outcomes(alias: str, step_id: Any) -> list[tuple[str, Any, Any]]:
-    """Every item's (status, output, error), in the order of its items."""
+def outputs(alias: str, step_id: Any) -> list[Any]:
+    """Every item's output, in the order of its items."""
     from pikku_django.models import WorkflowRun
 
-    rows = (
-        WorkflowRun.objects.using(alias)
-        .filter(parent_step_id=step_id)
-        .order_by("parent_index")
-        .values_list("status", "output", "error")
-    )
-    return [(status, output, error) for status, output, error in rows]
+    rows = WorkflowRun.objects.using(alias).filter(parent_step_id=step_id).order_by("parent_index")
+    return list(rows.values_list("output", flat=True))
 
 
 def failed_item(alias: str, fan_out: Any) -> dict[str, Any]:

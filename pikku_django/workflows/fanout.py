@@ -267,7 +267,7 @@ class FanOutMixin:
             error = store.failed_item(self._using, fan_out)
             self._settle_parked(step, "failed", error=error)
             raise StepFailedError(step.step_name, step.attempt, error)
-        results = [output for _, output, _ in store.outcomes(self._using, step.pk)]
+        results = store.outputs(self._using, step.pk)
         try:
             validate.json_value("result", results)
         except InvalidArgumentError as error:
