@@ -167,7 +167,6 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                 cursor,
                 params,
                 lambda description, row: self._from_row(alias, description, row),
-                lambda step: self.model._meta.get_field("id").get_db_prep_value(step.pk, connection),
             )
         if step is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)

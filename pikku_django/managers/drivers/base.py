@@ -88,7 +88,6 @@ class Driver:
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
-        step_id: Callable[[WorkflowStep], Any],
     ) -> WorkflowStep | None:
         """``claim()``'s guarded UPDATE and its history row: the claimed step, or None."""
         with one_transaction(connection, cursor):
@@ -97,7 +96,8 @@ class Driver:
             if row is None:
                 return None
             step = from_row(cursor.description, row)
-            self.history(connection, cursor, step_id(step), step.attempt, params["holder"])
+            step_id = step._meta.pk.get_db_prep_value(step.pk, connection)
+            self.history(connection, cursor, step_id, step.attempt, params["holder"])
         return step
 
     def write_finish(

@@ -7,7 +7,6 @@ and what a statement left in ``LAST_INSERT_ID``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError
@@ -69,7 +68,6 @@ class MySQLDriver(Driver):
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
-        step_id: Callable[[WorkflowStep], Any],
     ) -> WorkflowStep | None:
         # The claim, its read-back and its history row in one transaction and one round trip.
         names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]

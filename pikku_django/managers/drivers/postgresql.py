@@ -6,7 +6,6 @@ no transaction is opened around it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,7 +45,6 @@ class PostgreSQLDriver(Driver):
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
-        step_id: Callable[[WorkflowStep], Any],
     ) -> WorkflowStep | None:
         # The claim and its history row are one statement (sql.POSTGRESQL_STEP_CLAIM).
         cursor.execute(sql.statement("step_claim", connection), params)
