@@ -431,7 +431,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--headline-only", action="store_true", help="only the headline table (issue #9), not parts 1 and 2"
     )
+    parser.add_argument(
+        "--lanes",
+        type=positive_int,
+        default=None,
+        help="the workers' --concurrency (default: the worker's own default)",
+    )
     args = parser.parse_args(argv)
+    if args.lanes is not None:
+        WORKER_ARGS.extend(["--concurrency", str(args.lanes)])
 
     migrated = migrate_if_needed()
     busy = WorkflowRun.objects.filter(status="running").count()
