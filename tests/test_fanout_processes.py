@@ -49,7 +49,9 @@ class MapProcessTests(ProcessTestCase):
         return WorkflowRun.objects.get(pk=run.pk)
 
     def test_twenty_items_spread_over_three_workers_each_called_once_results_in_order(self) -> None:
-        items = [{"i": i, "ms": 150} for i in range(20)]
+        # Items 0 to 2 each wait until all three have started: a worker has
+        # two lanes, so some other worker must take one of them.
+        items = [{"i": i, "ms": 150, **({"after_starts": [0, 1, 2]} if i < 3 else {})} for i in range(20)]
         run = start_workflow("test.map", {"items": items})
         for name in ("a", "b", "c"):
             self.worker(name, "--concurrency", "2", "--interval", "0.05")
