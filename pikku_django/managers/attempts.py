@@ -216,13 +216,23 @@ class StepAttemptsMixin:
         return bool(started)
 
     def claim_attempt(
-        self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
+        self,
+        run_id: Any,
+        step_name: str,
+        rpc_name: str,
+        lease_ms: int,
+        *,
+        holder: str | None = None,
+        within: bool = False,
     ) -> int | None:
         """
         ``claim()``, answering only the attempt number now run (or None, after
         the same settling: a mismatched function raises, a step whose worker
         vanished on its last attempt is failed and its run woken). ``holder``
         (the worker's name) is written on the attempt's history row.
+        ``within=True``: statements of the caller's transaction (a worker's
+        take), and a refused claim is not settled here: the pass claims the
+        step again as it would have, and settles then.
         """
         params: dict[str, Any] = {
             "step_name": validate.name("step_name", step_name),
@@ -231,7 +241,8 @@ class StepAttemptsMixin:
             "holder": _holder(holder),
         }
         connection = self._write_connection()
-        ensure_autocommit(connection)
+        if not within:
+            ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
         text = sql.statement("step_claim_attempt", connection)
@@ -243,7 +254,7 @@ class StepAttemptsMixin:
                 row = cursor.fetchone()
                 attempt = None if row is None else int(row[0])
             elif connection.vendor == "sqlite":
-                with one_transaction(connection, cursor):
+                with nullcontext() if within else one_transaction(connection, cursor):
                     cursor.execute(text, params)
                     row = cursor.fetchone()
                     if row is not None:
@@ -261,12 +272,16 @@ class StepAttemptsMixin:
             else:
                 # The claim and its history row in one transaction and one round trip.
                 _, (matched, claimed, _, _), _ = batch(
-                    connection, cursor, ["mark", "step_claim_attempt", "step_claim_attempt_history"], params
+                    connection,
+                    cursor,
+                    ["mark", "step_claim_attempt", "step_claim_attempt_history"],
+                    params,
+                    within=within,
                 )
                 if matched == 1:
                     # Rows matched (CLIENT.FOUND_ROWS); the attempt rides in LAST_INSERT_ID.
                     attempt = int(claimed)
-        if attempt is None:
+        if attempt is None and not within:
             self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
         return attempt
 

@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 from pikku_django.clock import DbNow, DbNowMs
+from pikku_django.conf import conf
 from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
 from pikku_django.managers import serialize_error
 from pikku_django.models import WorkflowRun, WorkflowStep
@@ -27,6 +28,7 @@ from pikku_django.tasks.compat import (
 from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, resolve_task
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
+from pikku_django.workflows.registry import FirstStep
 from pikku_django.workflows.waits import Stop, Suspend
 
 #: The result an attempt starts with is RUNNING whatever its step's lease says:
@@ -96,7 +98,20 @@ def _when_done(task_result: Any, value: Any, sender: type) -> Any:
     return send
 
 
-@workflow(TASK_WORKFLOW, internal=True)
+def _first_step(run: WorkflowRun) -> FirstStep | None:
+    """
+    A task's one step, claimed by the worker's take in its own commit: the
+    step's function is the task's path, its lease the backend's (as
+    ``run_task`` claims it).
+    """
+    stored = run.input if isinstance(run.input, dict) else {}
+    path, lease_ms = stored.get("task"), stored.get("lease_ms")
+    if not isinstance(path, str) or not path:
+        return None
+    return FirstStep(TASK_STEP, path, conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms))
+
+
+@workflow(TASK_WORKFLOW, internal=True, first_step=_first_step)
 def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     """Run the stored task once per attempt; its return value is the run's output."""
     task = resolve_task(input["task"])
