@@ -2,7 +2,7 @@
 What a lone task costs: the durable commits of one no-op task through a
 worker pass, counted on the worker's connection (issue 14: the take claims
 the task's step in its commit, and the outcome, the run's end and the
-release are one more). And what a take
+release are one more, for a success and a failure alike). And what a take
 that loses costs: nothing written, not even a transaction id on PostgreSQL.
 
 A commit is a COMMIT that ends a transaction which wrote (Django's own, or
@@ -30,8 +30,8 @@ from pikku_django.worker import Worker
 from pikku_django.workflows.registry import first_step_of
 from testproject.testing import tasks
 
-#: Issue 14: a lone task through an idle worker: the take with the step's
-#: claim, then the outcome with the run's end and the release.
+#: Issue 14: a lone task through an idle worker, successful or failed: the
+#: take with the step's claim, then the outcome with the run's end and the release.
 LONE_TASK_COMMITS = 2
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
@@ -113,6 +113,32 @@ class LoneTaskCommitTests(TransactionTestCase):
         assert (attempt.attempt, attempt.status, attempt.holder) == (1, "succeeded", "w-commits")
         assert Lease.objects.current(f"workflow-run:{result.id}") is None
         assert Lease.objects.get(key=f"workflow-run:{result.id}").holder == "w-commits"
+
+    def test_a_lone_failed_task_costs_two_durable_commits(self) -> None:
+        result = tasks.explode.enqueue("boom")
+        worker = Worker(holder="w-commits", once=True, interval=0.01)
+        with counting_commits() as counter:
+            assert worker.drive_next(worker.lane_holder(0)) is True
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
+        assert counter.commits == LONE_TASK_COMMITS, counter.report()
+        attempt = WorkflowStepAttempt.objects.get(step__run_id=result.id)
+        assert (attempt.attempt, attempt.status, attempt.holder) == (1, "failed", "w-commits")
+        assert attempt.failed_at is not None
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.status, step.attempt, step.lease_expires_at) == ("failed", 1, None)
+        assert WorkflowRun.objects.get(pk=result.id).error["type"] == "builtins.ValueError"
+        assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_a_task_failed_with_retries_left_commits_each_attempt_then_fails_in_the_pass(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=10)
+        worker = Worker(holder="w-commits", once=True, interval=0.01)
+        assert worker.drive_next(worker.lane_holder(0)) is True
+        result.refresh()
+        assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 3)
+        attempts = WorkflowStepAttempt.objects.filter(step__run_id=result.id).order_by("attempt")
+        assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "failed"), (3, "failed")]
 
 
 def _take(run: WorkflowRun, holder: str) -> Any:

@@ -11,7 +11,6 @@ import copy
 import functools
 from typing import Any
 
-from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
 from pikku_django.managers import serialize_error
@@ -34,15 +33,6 @@ from pikku_django.workflows.waits import Stop, Suspend
 #: The result an attempt starts with is RUNNING whatever its step's lease says:
 #: no clock is needed to judge it.
 NOT_JUDGED = 0
-
-
-def _read(ctx: RunContext) -> Any:
-    """The run as it is now, with the database clock's now beside it."""
-    return (
-        WorkflowRun.objects.using(ctx.run._state.db)
-        .annotate(db_now_ms=DbNowMs(), db_now=DbNow())
-        .get(pk=ctx.run_id)
-    )
 
 
 def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -75,6 +65,35 @@ def _last_attempt(ctx: RunContext) -> bool:
     step = WorkflowStep.objects.using(ctx.run._state.db).get(run_id=ctx.run_id, step_name=TASK_STEP)
     step.status = "failed"
     return step.is_exhausted
+
+
+def _when_failed(task_result: Any, error: Exception, sender: type) -> Any:
+    """
+    What sends ``task_finished`` FAILED for the task's last attempt, which
+    raised ``error``: called once the run's failure has committed (one commit
+    with the attempt's, issue 14), so a result is never reported done before
+    its outcome is stored. It is sent with ``error`` active, as from inside
+    its ``except`` (Django's own receiver logs it with ``logger.exception``).
+    """
+    stored = serialize_error(error)
+
+    def send(run: WorkflowRun) -> None:
+        runs = WorkflowRun.objects.using(run._state.db)
+        finished_at = runs.values_list("updated_at", flat=True).get(pk=run.pk)
+        done = copy.copy(task_result)
+        object.__setattr__(done, "status", TaskResultStatus.FAILED)
+        object.__setattr__(done, "finished_at", finished_at)
+        errors = [
+            *task_result.errors,
+            TaskError(exception_class_path=stored["type"], traceback=stored["traceback"]),
+        ]
+        object.__setattr__(done, "errors", errors)
+        try:
+            raise error
+        except Exception:
+            task_finished.send(sender=sender, task_result=done)
+
+    return send
 
 
 def _when_done(task_result: Any, value: Any, sender: type) -> Any:
@@ -131,15 +150,8 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
             value = _call(task, result, args, kwargs)
         except Exception as error:
             if _last_attempt(ctx):
-                # Its last attempt: FAILED, sent from inside the except so that
-                # receivers (Django's own logs it with logger.exception) see it.
-                stored = serialize_error(error)
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", _read(ctx).db_now)
-                result.errors.append(
-                    TaskError(exception_class_path=stored["type"], traceback=stored["traceback"])
-                )
-                task_finished.send(sender=sender, task_result=result)
+                # Its last attempt: FAILED once the run's failure commits.
+                ctx.on_failed(_when_failed(result, error, sender))
             raise
         # This pass ran the successful attempt: SUCCESSFUL once its outcome commits.
         ctx.on_completed(_when_done(result, value, sender))

@@ -85,4 +85,14 @@ class PendingOutcome:
     renewal: StepLeaseRenewal
 
 
-__all__ = ["PendingOutcome", "StepLeaseRenewal", "step_data", "wait_for_awaitable"]
+def spends_budget(step: WorkflowStep) -> bool:
+    """Would ``step``, running now, be exhausted once this attempt's failure is recorded?"""
+    status = step.status
+    step.status = "failed"
+    try:
+        return step.is_exhausted
+    finally:
+        step.status = status
+
+
+__all__ = ["PendingOutcome", "StepLeaseRenewal", "spends_budget", "step_data", "wait_for_awaitable"]

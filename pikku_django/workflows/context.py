@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.attempts import (
     PendingOutcome,
     StepLeaseRenewal,
+    spends_budget,
     step_data,
     wait_for_awaitable,
 )
@@ -73,7 +75,8 @@ class RunContext(FanOutMixin, WaitsMixin):
         # a context made by hand, outside a pass, writes each outcome at once.
         self._defers = held is not None
         self._pending: PendingOutcome | None = None
-        self._completed: list[Callable[[WorkflowRun], None]] = []
+        # What to call once the run's outcome has committed, by status (``on_completed``).
+        self._ended: dict[str, list[Callable[[WorkflowRun], None]]] = {"completed": [], "failed": []}
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
         # One read of every step: finished steps replay from here.
@@ -159,8 +162,8 @@ class RunContext(FanOutMixin, WaitsMixin):
                 # even when the worker is stopping (as after any claim).
                 if self._held is not None and self._held.lost.is_set():
                     raise Stop("the run lease was lost")
-                self._execute(step, fn, args, kwargs, lease_ms)
-                if step.status != "succeeded":
+                self._execute(step, fn, args, kwargs, lease_ms, fresh=True)
+                if step.status != "succeeded" and not self._holds_failure(step):
                     step = steps.get(pk=step.pk)
                 continue
             self._check_live()
@@ -225,15 +228,28 @@ class RunContext(FanOutMixin, WaitsMixin):
         completion (never before, and not at all if another pass or a cancel
         decided the run): what reports a result done waits for its commit.
         """
-        self._completed.append(callback)
+        self._ended["completed"].append(callback)
+
+    def on_failed(self, callback: Callable[[WorkflowRun], None]) -> None:
+        """``on_completed`` for the run's failure: called once this pass has committed it."""
+        self._ended["failed"].append(callback)
 
     def completed(self) -> None:
         """The run's completion has committed: tell those who asked (``on_completed``)."""
-        for callback in self._completed:
+        self.ended("completed")
+
+    def ended(self, status: str) -> None:
+        """The run's outcome ``status`` has committed: call back (``on_completed``, ``on_failed``)."""
+        for callback in self._ended.get(status, ()):
             try:
                 callback(self.run)
             except Exception:
-                logger.exception("A callback on the completion of run %s failed.", self.run_id)
+                logger.exception("A callback on the end of run %s failed.", self.run_id)
+
+    def _holds_failure(self, step: WorkflowStep) -> bool:
+        """Does this pass hold ``step``'s failure for its next write (see ``_execute``)?"""
+        pending = self._pending
+        return pending is not None and pending.step is step and pending.finish.status == "failed"
 
     def _wait_for(self, step: WorkflowStep) -> None:
         """A step this pass could not claim: replay it, or suspend until it can move."""
@@ -263,12 +279,16 @@ class RunContext(FanOutMixin, WaitsMixin):
         lease_ms: int,
         *,
         checked: bool = False,
+        fresh: bool = False,
     ) -> None:
         """
         Run one attempt under its step lease and record its outcome, fenced to
         it. A success is left on ``step`` (status and result as a replay will
         see them); after a failure the caller reads the step again. ``checked``:
-        the claim itself was guarded by the run's state.
+        the claim itself was guarded by the run's state. ``fresh``: ``step``
+        was read after its claim, so its budget columns are the claim's; a
+        failure that spends the budget is then held like a success, to commit
+        with the run's failure (left on ``step`` too).
         """
         if not checked:
             self._check_claimed(step)
@@ -287,9 +307,19 @@ class RunContext(FanOutMixin, WaitsMixin):
         except BaseException as error:
             # Whatever the step raises is its attempt's error, SystemExit and
             # KeyboardInterrupt included: only the worker's own signals stop it.
-            renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
-            self._write_outcome(step, self._steps_store().prepare_finish(step.pk, step.attempt, error=error))
+            failure = self._steps_store().prepare_finish(step.pk, step.attempt, error=error)
+            if self._defers and fresh and spends_budget(step):
+                # The run fails with it: one commit for both (issue 14).
+                self._pending = PendingOutcome(step, failure, renewal)
+                step.status, step.error, step.lease_expires_at = (
+                    "failed",
+                    json.loads(failure.error_text),
+                    None,
+                )
+                return
+            renewal.stop()
+            self._write_outcome(step, failure)
             return
         try:
             # The result is refused before any SQL runs when it is not JSON.

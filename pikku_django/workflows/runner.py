@@ -278,8 +278,7 @@ def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> No
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)
-        if status == "completed":
-            ctx.completed()
+        ctx.ended(status)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:
