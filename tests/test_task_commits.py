@@ -165,6 +165,14 @@ class TakeClaimTests(TransactionTestCase):
         assert took.taken and took.lease is not None and took.claimed == {}
         assert WorkflowStepAttempt.objects.filter(step__run_id=result.id).count() == 1
 
+    def test_a_task_whose_path_names_no_task_is_taken_without_a_claim(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        run = WorkflowRun.objects.get(pk=result.id)
+        WorkflowRun.objects.filter(pk=run.pk).update(input={**run.input, "task": "testproject.nowhere.add"})
+        took = _take(run, "w-take")
+        assert took.taken and took.lease is not None and took.claimed == {}
+        assert WorkflowStep.objects.get(run_id=result.id).status == "pending"
+
     def test_a_workflow_run_is_taken_without_a_claim(self) -> None:
         run = WorkflowRun.objects.create_run("test.steps")
         took = _take(run, "w-take")

@@ -12,7 +12,11 @@ import functools
 from typing import Any
 
 from pikku_django.conf import conf
-from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
+from pikku_django.errors import (
+    InvalidArgumentError,
+    RaisedBaseExceptionError,
+    WorkerAbortedError,
+)
 from pikku_django.managers import serialize_error
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
@@ -124,10 +128,13 @@ def _first_step(run: WorkflowRun) -> FirstStep | None:
     ``run_task`` claims it).
     """
     stored = run.input if isinstance(run.input, dict) else {}
-    path, lease_ms = stored.get("task"), stored.get("lease_ms")
-    if not isinstance(path, str) or not path:
+    lease_ms = stored.get("lease_ms")
+    try:
+        task = resolve_task(stored.get("task"))
+    except InvalidArgumentError:
+        # The pass fails the run for it, and the step is never claimed.
         return None
-    return FirstStep(TASK_STEP, path, conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms))
+    return FirstStep(TASK_STEP, task.module_path, conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms))
 
 
 @workflow(TASK_WORKFLOW, internal=True, first_step=_first_step)
