@@ -37,6 +37,7 @@ from pikku_django.queues import queue_slot
 from pikku_django.schedules import tick
 from pikku_django.worker_loops import SchedulerLoop, SweepLoop
 from pikku_django.workflows.context import RETRY_SOON_MS
+from pikku_django.workflows.registry import first_step_of
 from pikku_django.workflows.runner import drive_run
 
 logger = logging.getLogger(__name__)
@@ -343,11 +344,9 @@ class Worker:
                 if took.lease is None:
                     # Its run lease is another pass's: the take made it due a little later.
                     return True
-                # Read once, after the take (the due query reads only ids).
-                run = WorkflowRun.objects.db_manager(self.using).get_queryset().filter(pk=run_id).first()
-                if run is None:
+                if took.run is None:
                     return False
-                self.drive(run, holder, lease=took.lease)
+                self.drive(took.run, holder, lease=took.lease, claimed=took.claimed)
                 return True
         except LeaseLostError:
             # The pass is over; its writes were fenced by their own leases.
@@ -360,15 +359,27 @@ class Worker:
         (``managers.passes.take_run``): its ``wake_at`` moves to when the
         lease would lapse, guarded by the value read, so another lane that
         read the same value matches nothing; if this one dies, the run is due
-        again once its lease is gone.
+        again once its lease is gone. A Django task's step is claimed in the
+        same commit (``FirstStep``).
         """
         holder = holder or self.lane_holder(0)
-        return take_run(self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
+        return take_run(
+            self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS, first_step=first_step_of
+        )
 
-    def drive(self, run: WorkflowRun, holder: str | None = None, *, lease: Lease | None = None) -> None:
+    def drive(
+        self,
+        run: WorkflowRun,
+        holder: str | None = None,
+        *,
+        lease: Lease | None = None,
+        claimed: dict[str, int] | None = None,
+    ) -> None:
         run_id = run.pk
         try:
-            run = drive_run(run, holder=holder or self.lane_holder(0), stop=self.stopping, lease=lease)
+            run = drive_run(
+                run, holder=holder or self.lane_holder(0), stop=self.stopping, lease=lease, claimed=claimed
+            )
         except OUTAGE_ERRORS:
             # The lane waits the outage out; the run is due again when its lease lapses.
             raise

@@ -1,6 +1,9 @@
 """
 What a lone task costs: the durable commits of one no-op task through a
-worker pass, counted on the worker's connection.
+worker pass, counted on the worker's connection (issue 14: the take claims
+the task's step in its commit, and the outcome, the run's end and the
+release are one more, for a success and a failure alike). And what a take
+that loses costs: nothing written, not even a transaction id on PostgreSQL.
 
 A commit is a COMMIT that ends a transaction which wrote (Django's own, or
 one opened by ``START TRANSACTION``/``BEGIN`` and sent as statements), or a
@@ -10,21 +13,26 @@ writing statement run in autocommit, which is a transaction of its own.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-from django.db import connection
-from django.test import TransactionTestCase
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.test import TransactionTestCase, skipUnlessDBFeature
 
-from pikku_django.models import Lease, WorkflowStepAttempt
+from pikku_django.conf import conf
+from pikku_django.managers.passes import take_run
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks.compat import TaskResultStatus
 from pikku_django.worker import Worker
+from pikku_django.workflows.registry import first_step_of
 from testproject.testing import tasks
 
-#: The target of issue 14: a lone no-op task through an idle worker.
-LONE_TASK_COMMITS = 3
+#: Issue 14: a lone task through an idle worker, successful or failed: the
+#: take with the step's claim, then the outcome with the run's end and the release.
+LONE_TASK_COMMITS = 2
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
 _BEGIN = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
@@ -92,7 +100,7 @@ def counting_commits() -> Iterator[CommitCounter]:
 
 
 class LoneTaskCommitTests(TransactionTestCase):
-    def test_a_lone_no_op_task_costs_three_durable_commits(self) -> None:
+    def test_a_lone_no_op_task_costs_two_durable_commits(self) -> None:
         result = tasks.add.enqueue(2, 3)
         worker = Worker(holder="w-commits", once=True, interval=0.01)
         with counting_commits() as counter:
@@ -105,3 +113,152 @@ class LoneTaskCommitTests(TransactionTestCase):
         assert (attempt.attempt, attempt.status, attempt.holder) == (1, "succeeded", "w-commits")
         assert Lease.objects.current(f"workflow-run:{result.id}") is None
         assert Lease.objects.get(key=f"workflow-run:{result.id}").holder == "w-commits"
+
+    def test_a_lone_failed_task_costs_two_durable_commits(self) -> None:
+        result = tasks.explode.enqueue("boom")
+        worker = Worker(holder="w-commits", once=True, interval=0.01)
+        with counting_commits() as counter:
+            assert worker.drive_next(worker.lane_holder(0)) is True
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
+        assert counter.commits == LONE_TASK_COMMITS, counter.report()
+        attempt = WorkflowStepAttempt.objects.get(step__run_id=result.id)
+        assert (attempt.attempt, attempt.status, attempt.holder) == (1, "failed", "w-commits")
+        assert attempt.failed_at is not None
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.status, step.attempt, step.lease_expires_at) == ("failed", 1, None)
+        assert WorkflowRun.objects.get(pk=result.id).error["type"] == "builtins.ValueError"
+        assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_a_task_failed_with_retries_left_commits_each_attempt_then_fails_in_the_pass(self) -> None:
+        result = tasks.flaky.enqueue(succeed_on=10)
+        worker = Worker(holder="w-commits", once=True, interval=0.01)
+        assert worker.drive_next(worker.lane_holder(0)) is True
+        result.refresh()
+        assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 3)
+        attempts = WorkflowStepAttempt.objects.filter(step__run_id=result.id).order_by("attempt")
+        assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "failed"), (3, "failed")]
+
+
+def _take(run: WorkflowRun, holder: str) -> Any:
+    return take_run(
+        DEFAULT_DB_ALIAS, run.pk, run.wake_at, holder, conf.LEASE_TTL_MS, 1_000, first_step=first_step_of
+    )
+
+
+class TakeClaimTests(TransactionTestCase):
+    def test_the_take_claims_a_tasks_step_with_its_attempt_row(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        took = _take(WorkflowRun.objects.get(pk=result.id), "w-take")
+        assert took.taken and took.lease is not None and took.claimed == {"task": 1}
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.status, step.attempt) == ("running", 1)
+        assert step.lease_expires_at is not None
+        assert WorkflowStepAttempt.objects.get(step=step).holder == "w-take"
+
+    def test_a_take_whose_claim_is_refused_takes_the_run_and_claims_nothing(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        # Another worker holds the step under a live lease.
+        WorkflowStep.objects.claim_attempt(result.id, "task", "testproject.testing.tasks.add", 60_000)
+        took = _take(WorkflowRun.objects.get(pk=result.id), "w-take")
+        assert took.taken and took.lease is not None and took.claimed == {}
+        assert WorkflowStepAttempt.objects.filter(step__run_id=result.id).count() == 1
+
+    def test_a_task_whose_path_names_no_task_is_taken_without_a_claim(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        run = WorkflowRun.objects.get(pk=result.id)
+        WorkflowRun.objects.filter(pk=run.pk).update(input={**run.input, "task": "testproject.nowhere.add"})
+        took = _take(run, "w-take")
+        assert took.taken and took.lease is not None and took.claimed == {}
+        assert WorkflowStep.objects.get(run_id=result.id).status == "pending"
+
+    def test_a_workflow_run_is_taken_without_a_claim(self) -> None:
+        run = WorkflowRun.objects.create_run("test.steps")
+        took = _take(run, "w-take")
+        assert took.taken and took.run is not None and took.claimed == {}
+
+
+class SkippingTakeTests(TransactionTestCase):
+    """Lanes woken together: a take skips a run another lane holds, and writes nothing."""
+
+    def lock_elsewhere(self, run: WorkflowRun) -> Any:
+        """
+        Another connection holding the run's row, as a lane mid-take does. A
+        take that waited on it would wait for good (the holder is this
+        thread): this connection gives up after 3 s instead, and fails.
+        """
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET lock_timeout = '3s'")
+            elif connection.vendor == "mysql":
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 3")
+        other = connections.create_connection(DEFAULT_DB_ALIAS)
+        other.set_autocommit(False)
+        table = other.ops.quote_name(WorkflowRun._meta.db_table)
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE id = %s FOR UPDATE",  # noqa: S608  (a table name, no values)
+                [WorkflowRun._meta.pk.get_db_prep_value(run.pk, other)],
+            )
+        return other
+
+    @skipUnlessDBFeature("has_select_for_update_skip_locked")
+    def test_a_run_another_lane_is_taking_is_skipped_at_once(self) -> None:
+        run = WorkflowRun.objects.get(pk=tasks.add.enqueue(2, 3).id)
+        other = self.lock_elsewhere(run)
+        try:
+            started = time.monotonic()
+            assert _take(run, "w-loser").taken is False
+            # Not waited for: the lock is held until the rollback below.
+            assert time.monotonic() - started < 5
+        finally:
+            other.rollback()
+            other.close()
+        assert WorkflowStepAttempt.objects.filter(step__run_id=run.pk).count() == 0
+        assert _take(run, "w-winner").claimed == {"task": 1}
+
+    @skipUnlessDBFeature("has_select_for_update_skip_locked")
+    def test_a_lane_whose_first_run_is_skipped_drives_the_next(self) -> None:
+        first = tasks.add.enqueue(1, 1)
+        second = tasks.add.enqueue(2, 2)
+        other = self.lock_elsewhere(WorkflowRun.objects.get(pk=first.id))
+        try:
+            worker = Worker(holder="w-next", once=True, interval=0.01)
+            assert worker.drive_next(worker.lane_holder(0)) is True
+        finally:
+            other.rollback()
+            other.close()
+        first.refresh()
+        second.refresh()
+        assert (first.status, second.status) == (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL)
+
+    def test_a_lost_take_takes_no_transaction_id_on_postgresql(self) -> None:
+        if connection.vendor != "postgresql":
+            self.skipTest("pg_current_xact_id_if_assigned() is PostgreSQL's")
+        run = WorkflowRun.objects.get(pk=tasks.add.enqueue(2, 3).id)
+        xids: list[Any] = []
+        real_commit = connection.commit
+
+        def probe_then_commit() -> None:
+            # What the take's transaction was assigned, read in it just before its COMMIT.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_xact_id_if_assigned()")
+                xids.append(cursor.fetchone()[0])
+            real_commit()
+
+        other = self.lock_elsewhere(run)
+        try:
+            with mock.patch.object(connection, "commit", probe_then_commit):
+                assert _take(run, "w-loser").taken is False
+        finally:
+            other.rollback()
+            other.close()
+        # Another lane took the run meanwhile: the loser's guard no longer matches.
+        stale = WorkflowRun.objects.get(pk=run.pk)
+        assert _take(run, "w-winner").taken is True
+        with mock.patch.object(connection, "commit", probe_then_commit):
+            assert _take(stale, "w-late").taken is False
+            assert _take(WorkflowRun.objects.get(pk=run.pk), "w-late").taken is True
+        # The two losers wrote nothing; the probe sees the winner's id.
+        assert xids[0] is None and xids[1] is None and xids[2] is not None

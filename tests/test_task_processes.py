@@ -1,8 +1,10 @@
 """
 Django Tasks run by real ``manage.py pikku_worker`` processes on the live test
-database: results, a worker SIGKILLed inside a task, ``run_after`` judged on
-the database clock, priorities, queues, and a queue's global concurrency
-(slot leases) across worker processes, including a SIGKILLed slot holder.
+database: results, a worker SIGKILLed inside a task (right after the take
+that claimed its step, issue 14) and one paused past its leases, several
+processes of several lanes draining tasks, ``run_after`` judged on the
+database clock, priorities, queues, and a queue's global concurrency (slot
+leases) across worker processes, including a SIGKILLed slot holder.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import pytest
 from django.db import connection
 
 from pikku_django.errors import StepLeaseExpiredError
-from pikku_django.models import Lease, WorkflowRun
+from pikku_django.models import Lease, WorkflowRun, WorkflowStepAttempt
 from pikku_django.tasks.compat import TaskResultStatus, task_backends
 from testproject.testing import tasks
 from testproject.testing.models import PassRecord, StepCall
 from tests.conftest import ROOT, poll_until, subprocess_env
+from tests.processes import rows_of
 from tests.test_worker_processes import WorkerProcessTestCase
 
 pytestmark = pytest.mark.slow
@@ -252,3 +255,53 @@ class WorkerLossTests(WorkerProcessTestCase):
         assert issubclass(done.errors[-1].exception_class, StepLeaseExpiredError)
         assert StepCall.objects.filter(run_id=result.id).count() == 3
         self.stop(d, "worker-d")
+
+
+class TakeClaimProcessTests(WorkerProcessTestCase):
+    """A task's step is claimed in its worker's take (issue 14): exactly once, fenced as before."""
+
+    def test_three_workers_of_four_lanes_run_each_task_exactly_once(self) -> None:
+        results = [tasks.note.enqueue(f"t{i}") for i in range(60)]
+        holders = [f"drain-{i}" for i in range(3)]
+        procs = [self.worker("--holder", h, "--concurrency", "4", "--interval", "0.05") for h in holders]
+        for proc, holder in zip(procs, holders, strict=True):
+            self.ready(proc, holder)
+        poll_until(lambda: all(result_of(r.id).is_finished for r in results), timeout=120, interval=0.1)
+        for proc, holder in zip(procs, holders, strict=True):
+            self.stop(proc, holder)
+        done = [result_of(r.id) for r in results]
+        assert {d.status for d in done} == {TaskResultStatus.SUCCESSFUL}
+        assert {d.attempts for d in done} == {1}
+        attempts = WorkflowStepAttempt.objects.filter(step__run_id__in=[r.id for r in results])
+        assert set(attempts.values_list("attempt", "status")) == {(1, "succeeded")}
+        assert attempts.count() == 60
+        calls = StepCall.objects.filter(run_id__in=[r.id for r in results])
+        assert sorted(calls.values_list("step", flat=True)) == sorted(f"t{i}" for i in range(60))
+
+    def test_a_worker_paused_inside_a_task_past_its_leases_has_its_late_result_refused(self) -> None:
+        env = subprocess_env(**SHORT_LEASES)
+        release = self.tmp / "release"
+        result = tasks.hold_until.enqueue(str(release))
+        paused = self.worker("--holder", "worker-p", "--interval", "0.1", env=env)
+        self.ready(paused, "worker-p")
+        poll_until(lambda: StepCall.objects.filter(run_id=result.id).exists(), timeout=60)
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            other = self.worker("--holder", "worker-o", "--interval", "0.1", env=env)
+            self.ready(other, "worker-o")
+            done = poll_until(
+                lambda: (r := result_of(result.id)).is_finished and r, timeout=60, interval=0.05
+            )
+            assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, "attempt 2")
+            assert done.worker_ids == ["worker-p", "worker-o"]
+            self.stop(other, "worker-o")
+            run = WorkflowRun.objects.get(pk=result.id)
+            before = rows_of(run)
+            release.touch()
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        # The paused worker's attempt 1 returns: refused, and its pass writes nothing.
+        poll_until(lambda: "was superseded" in self.log(paused), timeout=30)
+        self.stop(paused, "worker-p")
+        assert rows_of(run) == before
+        assert result_of(result.id).return_value == "attempt 2"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.test import TransactionTestCase
 
 from pikku_django.errors import (
@@ -44,12 +44,34 @@ def drain(holder: str = "w-1", **kwargs: Any) -> int:
     return Worker(holder=holder, once=True, interval=0.01, **kwargs).run()
 
 
+def committed_status(run_id: Any) -> str:
+    """The run's status as another connection reads it: what has committed."""
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        table = other.ops.quote_name(WorkflowRun._meta.db_table)
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT status FROM {table} WHERE id = %s",  # noqa: S608  (a table name, no values)
+                [WorkflowRun._meta.pk.get_db_prep_value(uuid.UUID(str(run_id)), other)],
+            )
+            (status,) = cursor.fetchone()
+        return str(status)
+    finally:
+        other.close()
+
+
 class Signals:
-    """Collects the Tasks framework's signals: (name, status, attempts) each."""
+    """
+    Collects the Tasks framework's signals: (name, status, attempts) each,
+    and at each ``task_finished`` the exception active and the run's
+    status as committed.
+    """
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, int]] = []
         self.active_errors: list[BaseException | None] = []
+        self.committed: list[str] = []
+        self.finished: list[Any] = []
 
     def __enter__(self) -> Signals:
         for signal in (task_enqueued, task_started, task_finished):
@@ -68,6 +90,8 @@ class Signals:
         self.seen.append((name[id(signal)], str(task_result.status), task_result.attempts))
         if signal is task_finished:
             self.active_errors.append(sys.exc_info()[1])
+            self.committed.append(committed_status(task_result.id))
+            self.finished.append(task_result)
 
 
 class EnqueueTests(TransactionTestCase):
@@ -106,6 +130,8 @@ class EnqueueTests(TransactionTestCase):
         with Signals() as signals:
             assert drain("w-1") == 1
         assert signals.seen == [("started", "RUNNING", 1), ("finished", "SUCCESSFUL", 1)]
+        # Reported done only once its outcome has committed (issue 14).
+        assert signals.committed == ["completed"]
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == 5
@@ -128,9 +154,16 @@ class EnqueueTests(TransactionTestCase):
         assert result.worker_ids == ["w-1"]
         with pytest.raises(ValueError, match="Task failed"):
             result.return_value  # noqa: B018
-        # FAILED is sent from inside the except, with the task's own exception active.
+        # FAILED is sent once the attempt's failure and the run's have
+        # committed (one commit, issue 14): a result is reported done only
+        # once its outcome has committed. It is sent with the task's own
+        # exception active, for receivers that log it (Django's own uses
+        # logger.exception).
         assert signals.seen == [("started", "RUNNING", 1), ("finished", "FAILED", 1)]
+        assert signals.committed == ["failed"]
         assert isinstance(signals.active_errors[0], ValueError)
+        assert signals.finished[0].finished_at == result.finished_at
+        assert [e.exception_class_path for e in signals.finished[0].errors] == ["builtins.ValueError"]
 
     def test_retries_make_attempts_retries_plus_one_with_one_worker_id_each(self) -> None:
         failing = tasks.flaky.enqueue(succeed_on=10)

@@ -161,13 +161,23 @@ class StepAttemptsMixin:
         return bool(started)
 
     def claim_attempt(
-        self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
+        self,
+        run_id: Any,
+        step_name: str,
+        rpc_name: str,
+        lease_ms: int,
+        *,
+        holder: str | None = None,
+        within: bool = False,
     ) -> int | None:
         """
         ``claim()``, answering only the attempt number now run (or None, after
         the same settling: a mismatched function raises, a step whose worker
         vanished on its last attempt is failed and its run woken). ``holder``
         (the worker's name) is written on the attempt's history row.
+        ``within=True``: statements of the caller's transaction (a worker's
+        take), and a refused claim is not settled here: the pass claims the
+        step again as it would have, and settles then.
         """
         params: dict[str, Any] = {
             "step_name": validate.name("step_name", step_name),
@@ -176,12 +186,13 @@ class StepAttemptsMixin:
             "holder": _holder(holder),
         }
         connection = self._write_connection()
-        ensure_autocommit(connection)
+        if not within:
+            ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
         with hot_cursor(connection) as cursor:
-            attempt = driver(connection).claim_attempt(connection, cursor, params)
-        if attempt is None:
+            attempt = driver(connection).claim_attempt(connection, cursor, params, within=within)
+        if attempt is None and not within:
             self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
         return attempt
 

@@ -2,27 +2,33 @@
 The two commits that open and close a worker's pass, besides its steps.
 
 - ``take_run``: the take of a due run and its run lease, in one transaction:
-  the guarded move of ``wake_at`` (so no other lane takes the run) and the
-  lease ``workflow-run:<id>`` (so no other pass drives it).
+  the guarded move of ``wake_at`` (so no other lane takes the run), the
+  lease ``workflow-run:<id>`` (so no other pass drives it) and, for a run
+  whose first step is known from the run alone (a Django task's), that
+  step's claim with its attempt row. A task's pass is then two commits: this
+  one, and ``finish_pass`` (issue 14).
 - ``finish_pass``: the run's outcome, the last step's success (when the
   workflow ended right after it) and the run lease's release, in one
   transaction.
 
 Each write keeps its own guard inside the transaction: the take its
-``wake_at``, the lease its acquire rules, the step's outcome its attempt, the
+``wake_at``, the lease its acquire rules, the claim its attempt, budget and
+lease rules (the same statement a pass sends), the step's outcome its attempt, the
 run's outcome the run lease, the release its holder and token. Joining them
 only saves commits; a rolled-back transaction leaves what was there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
+from pikku_django import sql
 from pikku_django.clock import DbNowMs
 from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.base import ACTIVE_RUN_STATUSES, ensure_autocommit, hot_cursor
@@ -32,15 +38,22 @@ from pikku_django.managers.lifecycle import UNKNOWN, finish_run
 
 if TYPE_CHECKING:
     from pikku_django.leases import HeldLease
-    from pikku_django.models import Lease
+    from pikku_django.models import Lease, WorkflowRun
+    from pikku_django.workflows.registry import FirstStep
 
 
 @dataclass(frozen=True)
 class Take:
-    """What a take got: the run (``taken``), and its run lease (None while another pass holds it)."""
+    """
+    What a take got: the run (``taken``), its run lease (None while another
+    pass holds it), the run as read inside the take, and the steps it
+    claimed (step name to attempt number) for the pass to run.
+    """
 
     taken: bool
     lease: Lease | None = None
+    run: WorkflowRun | None = None
+    claimed: dict[str, int] = field(default_factory=dict)
 
 
 @contextmanager
@@ -60,31 +73,89 @@ def _transaction(alias: str, *, nests: bool = False) -> Iterator[None]:
         yield
 
 
-def take_run(alias: str, run_id: Any, wake_at: int | None, holder: str, ttl_ms: int, retry_ms: int) -> Take:
+def take_run(
+    alias: str,
+    run_id: Any,
+    wake_at: int | None,
+    holder: str,
+    ttl_ms: int,
+    retry_ms: int,
+    *,
+    first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
+) -> Take:
     """
     Take a due run for a pass, in one commit: move its ``wake_at`` to when
     the run lease would lapse, guarded by the value read (another lane that
     read it matches nothing), mark it running (a suspended run taken is one
     whose wait timed out), and acquire its run lease for ``holder``. A run
     whose lease another pass holds is taken all the same, and due again
-    ``retry_ms`` later. The first statement writes, so on SQLite the
-    transaction takes the write lock at once.
+    ``retry_ms`` later. With the lease, the run is read, and the step
+    ``first_step(run)`` names is claimed (``claim_attempt``, the pass's own
+    guarded claim) in the same commit; a claim refused claims nothing, and
+    the pass then claims the step as it would have.
+
+    On PostgreSQL and MySQL/MariaDB a run another lane is taking is skipped,
+    not waited for: the losing lane writes nothing (``sql.runs``). On SQLite
+    the first statement writes, so the transaction takes the write lock at once.
     """
-    from pikku_django.models import Lease, WorkflowRun
+    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
     runs = WorkflowRun.objects.using(alias)
-    with _transaction(alias):
-        moved = runs.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(
-            wake_at=DbNowMs() + ttl_ms, status="running"
-        )
-        if not moved:
+    connection = connections[alias]
+    ensure_autocommit(connection)
+    params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection), "wake_at": wake_at}
+    with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
+        take = _TAKES[sql.variant(connection)]
+        if not take(connection, cursor, {**params, "ttl_ms": ttl_ms}, runs):
             return Take(False)
         key = WorkflowRun(pk=run_id).lease_key
         lease = Lease.objects.db_manager(alias).acquire_within(key, holder, ttl_ms)
         if lease is None:
             # Held elsewhere: look again a little later (as a pass that meets it does).
             runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
-    return Take(True, lease)
+            return Take(True)
+        # Read once, after the take (the due query reads only ids).
+        run = runs.filter(pk=run_id).first()
+        claimed: dict[str, int] = {}
+        step = None if run is None or first_step is None else first_step(run)
+        if step is not None:
+            attempt = WorkflowStep.objects.db_manager(alias).claim_attempt(
+                run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True
+            )
+            if attempt is not None:
+                claimed[step.name] = attempt
+    return Take(True, lease, run, claimed)
+
+
+def _take_postgresql(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
+    """One statement that skips a run another lane holds (``sql.POSTGRESQL_RUN_TAKE``)."""
+    cursor.execute(sql.statement("run_take", connection), params)
+    return cursor.fetchone() is not None
+
+
+def _take_mysql(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
+    """Lock the run unless another lane holds it (``sql.MYSQL_RUN_TAKE_LOCK``), then move it."""
+    cursor.execute(sql.statement("run_take_lock", connection), params)
+    if cursor.fetchone() is None:
+        return False
+    return _take_sqlite(connection, cursor, params, runs)
+
+
+def _take_sqlite(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
+    """The guarded UPDATE: SQLite serialises writers, so there is no other lane's lock to skip."""
+    moved = runs.filter(
+        pk=params["run_id"], status__in=ACTIVE_RUN_STATUSES, wake_at=params["wake_at"]
+    ).update(wake_at=DbNowMs() + params["ttl_ms"], status="running")
+    return bool(moved)
+
+
+#: The take's first statements, per vendor variant (``sql.variant``).
+_TAKES: dict[str, Callable[[BaseDatabaseWrapper, Any, dict[str, Any], Any], bool]] = {
+    "postgresql": _take_postgresql,
+    "mysql": _take_mysql,
+    "mariadb": _take_mysql,
+    "sqlite": _take_sqlite,
+}
 
 
 def finish_pass(

@@ -39,6 +39,7 @@ from pikku_django.sql.leases import (
     SQLITE_LEASE_REFRESH,
     SQLITE_LEASE_RELEASE,
 )
+from pikku_django.sql.runs import MYSQL_RUN_TAKE_LOCK, POSTGRESQL_RUN_TAKE, RUN_STATEMENTS
 from pikku_django.sql.steps import (
     MYSQL_STEP_CLAIM,
     MYSQL_STEP_CLAIM_HISTORY,
@@ -52,7 +53,12 @@ Variants = dict[str, "str | tuple[str, ...]"]
 
 #: Every statement by name: ``{name: {variant: template}}``. A variant missing
 #: for ``mariadb`` falls back to ``mysql``.
-STATEMENTS: dict[str, Variants] = {**LEASE_STATEMENTS, **STEP_STATEMENTS, **ATTEMPT_STATEMENTS}
+STATEMENTS: dict[str, Variants] = {
+    **LEASE_STATEMENTS,
+    **STEP_STATEMENTS,
+    **ATTEMPT_STATEMENTS,
+    **RUN_STATEMENTS,
+}
 
 _NOW = {"postgresql": POSTGRESQL_NOW_MS, "sqlite": SQLITE_NOW_MS, "mysql": MYSQL_NOW_MS}
 
@@ -149,12 +155,14 @@ __all__ = [
     "MYSQL_LEASE_REFRESH",
     "MYSQL_LEASE_RELEASE",
     "MYSQL_LEASE_UPSERT",
+    "MYSQL_RUN_TAKE_LOCK",
     "MYSQL_STEP_CLAIM",
     "MYSQL_STEP_CLAIM_HISTORY",
     "POSTGRESQL_LEASE_ACQUIRE",
     "POSTGRESQL_LEASE_CURRENT",
     "POSTGRESQL_LEASE_REFRESH",
     "POSTGRESQL_LEASE_RELEASE",
+    "POSTGRESQL_RUN_TAKE",
     "POSTGRESQL_STEP_CLAIM",
     "SQLITE_LEASE_ACQUIRE",
     "SQLITE_LEASE_CURRENT",

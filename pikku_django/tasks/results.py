@@ -38,6 +38,10 @@ def resolve_task(path: object) -> Task[..., Any]:
     if not module_name or not attribute.isidentifier():
         raise TaskPathError(path, "not a dotted path")
     module = sys.modules.get(module_name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        # Another lane is importing it right now (the first task of a module
+        # on a worker of several lanes): the import waits for it to finish.
+        module = importlib.import_module(module_name)
     if module is None:
         if not _of_an_installed_app(module_name):
             raise TaskPathError(path, f"{module_name!r} is neither imported nor a module of an installed app")

@@ -11,8 +11,12 @@ import copy
 import functools
 from typing import Any
 
-from pikku_django.clock import DbNow, DbNowMs
-from pikku_django.errors import RaisedBaseExceptionError, WorkerAbortedError
+from pikku_django.conf import conf
+from pikku_django.errors import (
+    InvalidArgumentError,
+    RaisedBaseExceptionError,
+    WorkerAbortedError,
+)
 from pikku_django.managers import serialize_error
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
@@ -27,20 +31,12 @@ from pikku_django.tasks.compat import (
 from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, resolve_task
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
+from pikku_django.workflows.registry import FirstStep
 from pikku_django.workflows.waits import Stop, Suspend
 
 #: The result an attempt starts with is RUNNING whatever its step's lease says:
 #: no clock is needed to judge it.
 NOT_JUDGED = 0
-
-
-def _read(ctx: RunContext) -> Any:
-    """The run as it is now, with the database clock's now beside it."""
-    return (
-        WorkflowRun.objects.using(ctx.run._state.db)
-        .annotate(db_now_ms=DbNowMs(), db_now=DbNow())
-        .get(pk=ctx.run_id)
-    )
 
 
 def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -75,6 +71,35 @@ def _last_attempt(ctx: RunContext) -> bool:
     return step.is_exhausted
 
 
+def _when_failed(task_result: Any, error: Exception, sender: type) -> Any:
+    """
+    What sends ``task_finished`` FAILED for the task's last attempt, which
+    raised ``error``: called once the run's failure has committed (one commit
+    with the attempt's, issue 14), so a result is never reported done before
+    its outcome is stored. It is sent with ``error`` active, as from inside
+    its ``except`` (Django's own receiver logs it with ``logger.exception``).
+    """
+    stored = serialize_error(error)
+
+    def send(run: WorkflowRun) -> None:
+        runs = WorkflowRun.objects.using(run._state.db)
+        finished_at = runs.values_list("updated_at", flat=True).get(pk=run.pk)
+        done = copy.copy(task_result)
+        object.__setattr__(done, "status", TaskResultStatus.FAILED)
+        object.__setattr__(done, "finished_at", finished_at)
+        errors = [
+            *task_result.errors,
+            TaskError(exception_class_path=stored["type"], traceback=stored["traceback"]),
+        ]
+        object.__setattr__(done, "errors", errors)
+        try:
+            raise error
+        except Exception:
+            task_finished.send(sender=sender, task_result=done)
+
+    return send
+
+
 def _when_done(task_result: Any, value: Any, sender: type) -> Any:
     """
     What sends ``task_finished`` SUCCESSFUL for the attempt that returned
@@ -96,7 +121,23 @@ def _when_done(task_result: Any, value: Any, sender: type) -> Any:
     return send
 
 
-@workflow(TASK_WORKFLOW, internal=True)
+def _first_step(run: WorkflowRun) -> FirstStep | None:
+    """
+    A task's one step, claimed by the worker's take in its own commit: the
+    step's function is the task's path, its lease the backend's (as
+    ``run_task`` claims it).
+    """
+    stored = run.input if isinstance(run.input, dict) else {}
+    lease_ms = stored.get("lease_ms")
+    try:
+        task = resolve_task(stored.get("task"))
+    except InvalidArgumentError:
+        # The pass fails the run for it, and the step is never claimed.
+        return None
+    return FirstStep(TASK_STEP, task.module_path, conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms))
+
+
+@workflow(TASK_WORKFLOW, internal=True, first_step=_first_step)
 def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     """Run the stored task once per attempt; its return value is the run's output."""
     task = resolve_task(input["task"])
@@ -116,15 +157,8 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
             value = _call(task, result, args, kwargs)
         except Exception as error:
             if _last_attempt(ctx):
-                # Its last attempt: FAILED, sent from inside the except so that
-                # receivers (Django's own logs it with logger.exception) see it.
-                stored = serialize_error(error)
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", _read(ctx).db_now)
-                result.errors.append(
-                    TaskError(exception_class_path=stored["type"], traceback=stored["traceback"])
-                )
-                task_finished.send(sender=sender, task_result=result)
+                # Its last attempt: FAILED once the run's failure commits.
+                ctx.on_failed(_when_failed(result, error, sender))
             raise
         # This pass ran the successful attempt: SUCCESSFUL once its outcome commits.
         ctx.on_completed(_when_done(result, value, sender))

@@ -7,11 +7,8 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, NoReturn
-
-from asgiref.sync import async_to_sync
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs, EpochMs
@@ -22,11 +19,17 @@ from pikku_django.errors import (
     StepFunctionMismatchError,
     StepSupersededError,
 )
-from pikku_django.keeper import keeper
-from pikku_django.leases import HeldLease, KeepAlive
+from pikku_django.leases import HeldLease
 from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.fence import RunFence
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+from pikku_django.workflows.attempts import (
+    PendingOutcome,
+    StepLeaseRenewal,
+    spends_budget,
+    step_data,
+    wait_for_awaitable,
+)
 from pikku_django.workflows.current import StepHandle, running_step
 from pikku_django.workflows.fanout import FanOutMixin
 from pikku_django.workflows.registry import dotted_name
@@ -37,72 +40,6 @@ logger = logging.getLogger(__name__)
 #: How long a run waits before it looks again at a step it could not take and
 #: whose state gives no better time (a racing claim, a run held elsewhere).
 RETRY_SOON_MS = 1_000
-
-
-class StepLeaseRenewal(KeepAlive):
-    """
-    Keeps one attempt's step lease renewed while its function runs, through
-    the process's keeper (one renewal thread for every step lease held). It
-    answers "lost" once the step is no longer running as this attempt.
-    """
-
-    def __init__(self, step: WorkflowStep, lease_ms: int, using: str) -> None:
-        super().__init__(f"step {step.step_name!r} (attempt {step.attempt})", lease_ms, using)
-        self.step_id = step.pk
-        self.attempt = step.attempt
-
-    def renew(self) -> bool:
-        return WorkflowStep.objects.db_manager(self.using).refresh_lease(
-            self.step_id, self.ttl_ms, attempt=self.attempt
-        )
-
-    def batch_key(self) -> Hashable | None:
-        return (StepLeaseRenewal, self.using, self.ttl_ms)
-
-    @classmethod
-    def renew_together(cls, kept: Sequence[KeepAlive]) -> bool:
-        """Every step lease of ``kept`` (one database and lease) in one UPDATE (``refresh_leases``)."""
-        renewals = [item for item in kept if isinstance(item, StepLeaseRenewal)]
-        steps = WorkflowStep.objects.db_manager(renewals[0].using)
-        return steps.refresh_leases([(item.step_id, item.attempt) for item in renewals], renewals[0].ttl_ms)
-
-    def start(self) -> None:
-        keeper().keep(self)
-
-    def stop(self) -> None:
-        keeper().drop(self)
-
-
-def _wait_for(awaitable: Awaitable[Any]) -> Any:
-    """The result of an async step's awaitable, on an event loop of its own (or the caller's, via asgiref)."""
-
-    async def wait() -> Any:
-        return await awaitable
-
-    return async_to_sync(wait)()
-
-
-def _step_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The step's arguments, stored for the admin when they are JSON."""
-    data = {"args": list(args), "kwargs": kwargs}
-    try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError):
-        return None
-    return data
-
-
-@dataclass
-class PendingOutcome:
-    """
-    A step's success not yet committed: its outcome as it will be written
-    (fenced to its attempt), and the renewal that keeps its step lease
-    alive until then, so no claim or sweep takes the step for lost meanwhile.
-    """
-
-    step: WorkflowStep
-    finish: PreparedFinish
-    renewal: StepLeaseRenewal
 
 
 class RunContext(FanOutMixin, WaitsMixin):
@@ -120,6 +57,7 @@ class RunContext(FanOutMixin, WaitsMixin):
         held: HeldLease | None = None,
         stop: threading.Event | None = None,
         fence: RunFence | None = None,
+        claimed: dict[str, int] | None = None,
     ) -> None:
         self.run = run
         self.run_id = run.pk
@@ -137,7 +75,10 @@ class RunContext(FanOutMixin, WaitsMixin):
         # a context made by hand, outside a pass, writes each outcome at once.
         self._defers = held is not None
         self._pending: PendingOutcome | None = None
-        self._completed: list[Callable[[WorkflowRun], None]] = []
+        # What to call once the run's outcome has committed, by status (``on_completed``).
+        self._ended: dict[str, list[Callable[[WorkflowRun], None]]] = {"completed": [], "failed": []}
+        # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
+        self._claimed = dict(claimed or {})
         # One read of every step: finished steps replay from here.
         self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
 
@@ -185,7 +126,7 @@ class RunContext(FanOutMixin, WaitsMixin):
                     name,
                     rpc_name,
                     lease_ms,
-                    _step_data(args, kwargs),
+                    step_data(args, kwargs),
                     retries=retries,
                     retry_delay=retry_delay,
                     holder=self.holder,
@@ -216,6 +157,15 @@ class RunContext(FanOutMixin, WaitsMixin):
                 return step.result
             if step.status == "failed" and step.is_exhausted:
                 raise StepFailedError(name, step.attempt, step.error)
+            if self._claimed.pop(name, None) == step.attempt and step.status == "running":
+                # Claimed by the take, and read since: the step in hand, run
+                # even when the worker is stopping (as after any claim).
+                if self._held is not None and self._held.lost.is_set():
+                    raise Stop("the run lease was lost")
+                self._execute(step, fn, args, kwargs, lease_ms, fresh=True)
+                if step.status != "succeeded" and not self._holds_failure(step):
+                    step = steps.get(pk=step.pk)
+                continue
             self._check_live()
             if step.status == "failed" and step.retry_delay:
                 # Judged in epoch ms on the database clock, never from a
@@ -278,15 +228,28 @@ class RunContext(FanOutMixin, WaitsMixin):
         completion (never before, and not at all if another pass or a cancel
         decided the run): what reports a result done waits for its commit.
         """
-        self._completed.append(callback)
+        self._ended["completed"].append(callback)
+
+    def on_failed(self, callback: Callable[[WorkflowRun], None]) -> None:
+        """``on_completed`` for the run's failure: called once this pass has committed it."""
+        self._ended["failed"].append(callback)
 
     def completed(self) -> None:
         """The run's completion has committed: tell those who asked (``on_completed``)."""
-        for callback in self._completed:
+        self.ended("completed")
+
+    def ended(self, status: str) -> None:
+        """The run's outcome ``status`` has committed: call back (``on_completed``, ``on_failed``)."""
+        for callback in self._ended.get(status, ()):
             try:
                 callback(self.run)
             except Exception:
-                logger.exception("A callback on the completion of run %s failed.", self.run_id)
+                logger.exception("A callback on the end of run %s failed.", self.run_id)
+
+    def _holds_failure(self, step: WorkflowStep) -> bool:
+        """Does this pass hold ``step``'s failure for its next write (see ``_execute``)?"""
+        pending = self._pending
+        return pending is not None and pending.step is step and pending.finish.status == "failed"
 
     def _wait_for(self, step: WorkflowStep) -> None:
         """A step this pass could not claim: replay it, or suspend until it can move."""
@@ -316,12 +279,16 @@ class RunContext(FanOutMixin, WaitsMixin):
         lease_ms: int,
         *,
         checked: bool = False,
+        fresh: bool = False,
     ) -> None:
         """
         Run one attempt under its step lease and record its outcome, fenced to
         it. A success is left on ``step`` (status and result as a replay will
         see them); after a failure the caller reads the step again. ``checked``:
-        the claim itself was guarded by the run's state.
+        the claim itself was guarded by the run's state. ``fresh``: ``step``
+        was read after its claim, so its budget columns are the claim's; a
+        failure that spends the budget is then held like a success, to commit
+        with the run's failure (left on ``step`` too).
         """
         if not checked:
             self._check_claimed(step)
@@ -333,16 +300,26 @@ class RunContext(FanOutMixin, WaitsMixin):
                 if inspect.isawaitable(result):
                     # An async step runs in this lane (its lease renewed by
                     # the keeper while it awaits); a replay never calls it.
-                    result = _wait_for(result)
+                    result = wait_for_awaitable(result)
         except PASS_CONTROL:
             renewal.stop()
             raise
         except BaseException as error:
             # Whatever the step raises is its attempt's error, SystemExit and
             # KeyboardInterrupt included: only the worker's own signals stop it.
-            renewal.stop()
             logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
-            self._write_outcome(step, self._steps_store().prepare_finish(step.pk, step.attempt, error=error))
+            failure = self._steps_store().prepare_finish(step.pk, step.attempt, error=error)
+            if self._defers and fresh and spends_budget(step):
+                # The run fails with it: one commit for both (issue 14).
+                self._pending = PendingOutcome(step, failure, renewal)
+                step.status, step.error, step.lease_expires_at = (
+                    "failed",
+                    json.loads(failure.error_text),
+                    None,
+                )
+                return
+            renewal.stop()
+            self._write_outcome(step, failure)
             return
         try:
             # The result is refused before any SQL runs when it is not JSON.

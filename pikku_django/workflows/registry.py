@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pikku_django import validate
 from pikku_django.errors import InvalidArgumentError, WorkflowNotFoundError, WorkflowRegistrationError
+
+if TYPE_CHECKING:
+    from pikku_django.models import WorkflowRun
 
 WorkflowFunction = Callable[[Any, Any], Any]
 F = TypeVar("F", bound=WorkflowFunction)
@@ -17,16 +21,40 @@ _registry: dict[str, WorkflowFunction] = {}
 _internal: set[str] = set()
 
 
+@dataclass(frozen=True)
+class FirstStep:
+    """
+    The step a pass of a run will claim first, known from the run alone (a
+    Django task's one step): a worker's take claims it in its own commit
+    (``managers.passes.take_run``), with the same guarded claim a pass makes.
+    """
+
+    name: str
+    rpc_name: str
+    lease_ms: int
+
+
+#: Per workflow, what names its first step from the run (``workflow(first_step=...)``).
+_first_steps: dict[str, Callable[[WorkflowRun], FirstStep | None]] = {}
+
+
 def dotted_name(fn: Callable[..., Any]) -> str:
     """``module.qualname``: how a step's function is named in the store."""
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def workflow(name: str, *, internal: bool = False) -> Callable[[F], F]:
+def workflow(
+    name: str,
+    *,
+    internal: bool = False,
+    first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
+) -> Callable[[F], F]:
     """
     Register ``fn(ctx, input)`` as the workflow ``name``. An ``internal``
     workflow's runs are started only by pikku_django's own code
     (``create_run(..., internal=True)``), never by ``start_workflow``.
+    ``first_step(run)``: the step its pass claims first, when the run alone
+    says which (see ``FirstStep``); None when it cannot tell.
     """
     validate.name("name", name)
 
@@ -43,6 +71,8 @@ def workflow(name: str, *, internal: bool = False) -> Callable[[F], F]:
         _registry[name] = fn
         if internal:
             _internal.add(name)
+        if first_step is not None:
+            _first_steps[name] = first_step
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn
 
@@ -55,6 +85,12 @@ def get_workflow(name: str) -> WorkflowFunction:
         return _registry[name]
     except KeyError:
         raise WorkflowNotFoundError(name) from None
+
+
+def first_step_of(run: WorkflowRun) -> FirstStep | None:
+    """The step a pass of ``run`` claims first, if its workflow can tell from the run alone."""
+    predict = _first_steps.get(run.workflow)
+    return None if predict is None else predict(run)
 
 
 def registered() -> dict[str, WorkflowFunction]:

@@ -133,12 +133,14 @@ def drive_run(
     holder: str | None = None,
     stop: threading.Event | None = None,
     lease: Lease | None = None,
+    claimed: dict[str, int] | None = None,
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
     pass, without reading the run before or after. Returns ``run``, with the
     outcome when this pass recorded one (status, output, error). ``lease``:
-    the run lease, when the take acquired it in its own commit.
+    the run lease, when the take acquired it in its own commit; ``claimed``:
+    the steps that take claimed (name to attempt), which the pass runs.
 
     The pass, top to bottom: take the run lease; replay the finished steps
     and run the next ones (``RunContext``); write the suspension, or the
@@ -168,7 +170,7 @@ def drive_run(
                 # A wait that timed out (or a wake that raced the suspension): drive it.
                 runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
                 run.status = "running"
-            ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence)
+            ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed)
             try:
                 _drive(run, fn, ctx, fence)
             finally:
@@ -276,8 +278,7 @@ def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> No
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)
-        if status == "completed":
-            ctx.completed()
+        ctx.ended(status)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:

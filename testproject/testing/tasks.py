@@ -139,3 +139,12 @@ def kill_every_worker(context: TaskContext[..., Any]) -> None:
     """SIGKILLs its own worker on every attempt."""
     _record(context, f"attempt {context.attempt}")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task(takes_context=True)
+def hold_until(context: TaskContext[..., Any], path: str) -> str:
+    """Records its attempt; the first waits until ``path`` exists (a worker paused inside it)."""
+    _record(context, f"attempt {context.attempt}")
+    while context.attempt == 1 and not os.path.exists(path):
+        time.sleep(0.02)
+    return f"attempt {context.attempt}"

@@ -70,10 +70,13 @@ class Driver:
         return finished, started
 
     def claim_attempt(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
     ) -> int | None:
-        """The guarded claim of a step's next attempt with its history row: the attempt now run, or None."""
-        with one_transaction(connection, cursor):
+        """
+        The guarded claim of a step's next attempt with its history row: the
+        attempt now run, or None. ``within``: in the caller's transaction.
+        """
+        with nullcontext() if within else one_transaction(connection, cursor):
             cursor.execute(sql.statement("step_claim_attempt", connection), params)
             row = cursor.fetchone()
             if row is None:

@@ -54,11 +54,11 @@ class MySQLDriver(Driver):
         return matched == 1, inserted == 1
 
     def claim_attempt(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
     ) -> int | None:
         # The claim and its history row in one transaction and one round trip.
         names = ["mark", "step_claim_attempt", "step_claim_attempt_history"]
-        _, (matched, claimed, _, _), _ = batch(connection, cursor, names, params)
+        _, (matched, claimed, _, _), _ = batch(connection, cursor, names, params, within=within)
         # Rows matched; the attempt rides in LAST_INSERT_ID.
         return int(claimed) if matched == 1 else None
 

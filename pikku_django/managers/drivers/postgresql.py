@@ -33,7 +33,7 @@ class PostgreSQLDriver(Driver):
         return matched == 1, inserted == 1
 
     def claim_attempt(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
     ) -> int | None:
         cursor.execute(sql.statement("step_claim_attempt", connection), params)
         row = cursor.fetchone()
