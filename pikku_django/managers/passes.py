@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
-from pikku_django import sql
 from pikku_django.clock import DbNowMs
 from pikku_django.managers.attempts import PreparedFinish
-from pikku_django.managers.base import ACTIVE_RUN_STATUSES, ensure_autocommit, hot_cursor
+from pikku_django.managers.base import ensure_autocommit, hot_cursor
 from pikku_django.managers.batches import one_transaction
+from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import UNKNOWN, finish_run
 
@@ -95,7 +94,7 @@ def take_run(
     the pass then claims the step as it would have.
 
     On PostgreSQL and MySQL/MariaDB a run another lane is taking is skipped,
-    not waited for: the losing lane writes nothing (``sql.runs``). On SQLite
+    not waited for: the losing lane writes nothing (``drivers``, ``sql.runs``). On SQLite
     the first statement writes, so the transaction takes the write lock at once.
     """
     from pikku_django.models import Lease, WorkflowRun, WorkflowStep
@@ -105,8 +104,7 @@ def take_run(
     ensure_autocommit(connection)
     params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection), "wake_at": wake_at}
     with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
-        take = _TAKES[sql.variant(connection)]
-        if not take(connection, cursor, {**params, "ttl_ms": ttl_ms}, runs):
+        if not driver(connection).take_run(connection, cursor, {**params, "ttl_ms": ttl_ms}):
             return Take(False)
         key = WorkflowRun(pk=run_id).lease_key
         lease = Lease.objects.db_manager(alias).acquire_within(key, holder, ttl_ms)
@@ -125,37 +123,6 @@ def take_run(
             if attempt is not None:
                 claimed[step.name] = attempt
     return Take(True, lease, run, claimed)
-
-
-def _take_postgresql(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
-    """One statement that skips a run another lane holds (``sql.POSTGRESQL_RUN_TAKE``)."""
-    cursor.execute(sql.statement("run_take", connection), params)
-    return cursor.fetchone() is not None
-
-
-def _take_mysql(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
-    """Lock the run unless another lane holds it (``sql.MYSQL_RUN_TAKE_LOCK``), then move it."""
-    cursor.execute(sql.statement("run_take_lock", connection), params)
-    if cursor.fetchone() is None:
-        return False
-    return _take_sqlite(connection, cursor, params, runs)
-
-
-def _take_sqlite(connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], runs: Any) -> bool:
-    """The guarded UPDATE: SQLite serialises writers, so there is no other lane's lock to skip."""
-    moved = runs.filter(
-        pk=params["run_id"], status__in=ACTIVE_RUN_STATUSES, wake_at=params["wake_at"]
-    ).update(wake_at=DbNowMs() + params["ttl_ms"], status="running")
-    return bool(moved)
-
-
-#: The take's first statements, per vendor variant (``sql.variant``).
-_TAKES: dict[str, Callable[[BaseDatabaseWrapper, Any, dict[str, Any], Any], bool]] = {
-    "postgresql": _take_postgresql,
-    "mysql": _take_mysql,
-    "mariadb": _take_mysql,
-    "sqlite": _take_sqlite,
-}
 
 
 def finish_pass(

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.managers.base import now_params
+from pikku_django.clock import DbNowMs
+from pikku_django.managers.base import ACTIVE_RUN_STATUSES, now_params
 from pikku_django.managers.batches import one_transaction
 
 if TYPE_CHECKING:
@@ -32,6 +33,24 @@ class Driver:
         """After ``lease_refresh`` ran: the renewed row (key, holder, token, expiry), or None."""
         row: tuple[Any, ...] | None = cursor.fetchone()
         return row
+
+    # -- runs -------------------------------------------------------------------------
+
+    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
+        """
+        A worker's take of the due run ``run_id`` whose ``wake_at`` was read:
+        moved to ``ttl_ms`` from now and marked running, guarded by the value
+        read; True if this lane took it. The guarded UPDATE: SQLite serialises
+        writers, so there is no other lane's lock to skip.
+        """
+        from pikku_django.models import WorkflowRun
+
+        moved = (
+            WorkflowRun.objects.using(connection.alias)
+            .filter(pk=params["run_id"], status__in=ACTIVE_RUN_STATUSES, wake_at=params["wake_at"])
+            .update(wake_at=DbNowMs() + params["ttl_ms"], status="running")
+        )
+        return bool(moved)
 
     # -- steps ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from pikku_django import sql
 from pikku_django.managers.batches import batch
 from pikku_django.managers.drivers.base import Driver, StepFromRow, done_params
 
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
 
 
 class MySQLDriver(Driver):
+    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
+        # Lock the run unless another lane holds it (sql.MYSQL_RUN_TAKE_LOCK), then move it.
+        cursor.execute(sql.statement("run_take_lock", connection), params)
+        if cursor.fetchone() is None:
+            return False
+        return super().take_run(connection, cursor, params)
+
     def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
         # Rows matched; the expiry rides in LAST_INSERT_ID.
         if cursor.rowcount != 1:
