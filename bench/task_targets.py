@@ -531,6 +531,12 @@ def main() -> None:
     parser.add_argument("--wakeups", type=positive_int, default=40, help="enqueues timed (default 40)")
     parser.add_argument("--lone", type=positive_int, default=5, help="lone tasks counted (default 5)")
     parser.add_argument("--idle", type=float, default=10.0, help="idle window, seconds (default 10)")
+    parser.add_argument(
+        "--only",
+        choices=["all", "wakeups"],
+        default="all",
+        help="'wakeups': figures 4 and 3 alone (the idle worker and its wake-ups); default %(default)r",
+    )
     options = parser.parse_args()
     migrated = migrate_if_needed()
     if WorkflowRun.objects.filter(status="running").exclude(workflow=TASK_WORKFLOW).exists():
@@ -553,6 +559,9 @@ def main() -> None:
             print(f"idle {options.idle:.0f} s, on the server: {quiet['server']}", flush=True)
         latencies = wakeup_latencies(options.wakeups)
         print("wake-up latencies, ms: " + " ".join(f"{x * 1000:.1f}" for x in latencies), flush=True)
+        if options.only == "wakeups":
+            report_wakeups(options, quiet, latencies)
+            return
         lone, lone_by = lone_commits(worker, options.lone, wal)
         print(f"lone task commits: {lone}", flush=True)
         print(f"lone tasks' commits in the worker, by tables written: {lone_by}", flush=True)
@@ -606,6 +615,22 @@ def main() -> None:
     wall, drained = waits(options.waits)
     print(f"50 ms tasks, 16 lanes: wall {wall:.1f}/s, drain {drained:.1f}/s", flush=True)
     report(options, quiet, latencies, lone, pikku, tdb, server_pikku, server_tdb, wall, drained)
+
+
+def report_wakeups(options: argparse.Namespace, quiet: dict[str, Any], latencies: list[float]) -> None:
+    """Figures 3 and 4 alone (``--only wakeups``)."""
+    idle_worker = quiet["worker"]
+    ms = [x * 1000 for x in latencies]
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    print(
+        f"| 3. enqueue commit -> start, idle worker (n={len(ms)}) | p50 {percentile(ms, 0.5):.1f} ms, "
+        f"p99 {percentile(ms, 0.99):.1f} ms | PG p50 <= 5, p99 <= 25; others p50 <= 60 |"
+    )
+    print(
+        f"| 4. idle worker, in the worker | {idle_worker['select'] / options.idle:.1f} SELECT/s, "
+        f"{idle_worker['write']} writes, {idle_worker['commit']} commits in {options.idle:.0f} s "
+        "| <= 10 reads/s, no writes |"
+    )
 
 
 def report(

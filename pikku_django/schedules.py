@@ -177,6 +177,15 @@ def tick(using: str | None = None) -> list[WorkflowScheduleTick]:
     tick under its schedule's policies and start its run, and return the
     ledger rows this pass recorded. When nothing is due it is one SELECT.
     """
+    return tick_until_next(using)[0]
+
+
+def tick_until_next(using: str | None = None) -> tuple[list[WorkflowScheduleTick], float | None]:
+    """
+    ``tick()``, and the seconds from its read until the next tick of an
+    enabled, unpaused schedule is due (0 for one due that this pass recorded
+    or left; None for no schedule), for a scheduler that sleeps until then.
+    """
     alias = _alias(using)
     entries, bad, fingerprint = _read_setting()
     schedules = WorkflowSchedule.objects.db_manager(alias)
@@ -186,10 +195,14 @@ def tick(using: str | None = None) -> list[WorkflowScheduleTick]:
         _synced[alias] = fingerprint
         rows = list(schedules.with_last_tick())
     recorded: list[WorkflowScheduleTick] = []
+    soonest: float | None = None
     for row in rows:
-        if not row.enabled or row.paused or next_tick_at(row) > _annotated(row, "db_now_ms"):
+        if not row.enabled or row.paused:
             continue
-        if _failing.get((alias, row.pk), 0.0) > time.monotonic():
+        wait = max(0.0, (next_tick_at(row) - _annotated(row, "db_now_ms")) / 1000)
+        failing = _failing.get((alias, row.pk), 0.0) - time.monotonic()
+        soonest = min(max(wait, failing), soonest if soonest is not None else float("inf"))
+        if wait > 0 or failing > 0:
             continue
         try:
             recorded += _record_due(alias, row.pk)
@@ -207,7 +220,7 @@ def tick(using: str | None = None) -> list[WorkflowScheduleTick]:
             )
         else:
             _failing.pop((alias, row.pk), None)
-    return recorded
+    return recorded, soonest
 
 
 def _due(schedule: WorkflowSchedule, after: int, now: int) -> list[int]:

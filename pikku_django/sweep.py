@@ -85,8 +85,9 @@ def sweep(
     prune_limit: int = 1000,
     dry_run: bool = False,
     using: str | None = None,
+    prune: bool = True,
 ) -> SweepReport:
-    """One pass over the store; see the module docstring."""
+    """One pass over the store; see the module docstring. ``prune=False`` leaves out both prunes."""
     idle_ms = (
         conf.STALLED_AFTER_MS
         if stalled_after_ms is None
@@ -142,8 +143,9 @@ def sweep(
         report.backed_off_runs = len(due) - report.woken_runs
 
     report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
-    report.pruned_leases = _prune_leases(limit, dry_run, alias)
-    report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
+    if prune:
+        report.pruned_leases = _prune_leases(limit, dry_run, alias)
+        report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
 

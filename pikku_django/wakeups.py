@@ -2,15 +2,18 @@
 Wake-ups: a commit that makes work due wakes an idle worker at once instead
 of leaving it to its next poll.
 
-- Within one process, on every database: ``work_due()`` bumps a generation
-  counter once the transaction commits, and every idle loop waiting in
-  ``wait()`` looks again.
+- Within one process, on every database: ``work_due()`` wakes one idle
+  loop waiting in ``wait()`` once the transaction commits (``nudge()``); a
+  lane that finds more due than the run it takes wakes the next, so a burst
+  fans out lane by lane while a lone run wakes one lane, not every lane
+  to race for it. ``notify()`` (a stop) wakes them all.
 - Across processes on PostgreSQL: ``work_due()`` also sends ``NOTIFY`` on the
   channel ``pikku_work`` inside the transaction (so a rolled-back start wakes
   nobody, and at most one NOTIFY per transaction), and each worker's
   listener (``managers.wakeups.Listener``) turns it into a local wake-up.
-- Elsewhere a worker polls; a wake-up only shortens a wait, so a missed one
-  costs latency, never work.
+- Across processes elsewhere: a loop of ``watchers`` (SQLite's file
+  watcher, MariaDB's due look) nudges the lanes of its process.
+- A wake-up only shortens a wait, so a missed one costs latency, never work.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from django.db import connections, transaction
 
 _cond = threading.Condition()
 _generation = 0
+#: A nudge no waiting loop has taken yet (at most one is kept: it makes the
+#: next loop to wait look once more).
+_nudged = False
+_nudges = 0
 
 
 def generation() -> int:
@@ -36,20 +43,36 @@ def notify() -> None:
         _cond.notify_all()
 
 
+def nudges() -> int:
+    """How many nudges this process has sent."""
+    return _nudges
+
+
+def nudge() -> None:
+    """Wake one loop of this process that waits for work (or, if none waits, the next to wait)."""
+    global _nudged, _nudges
+    with _cond:
+        _nudged = True
+        _nudges += 1
+        _cond.notify()
+
+
 def wait(seen: int, timeout: float, stop: threading.Event | None = None) -> int:
     """
-    Wait up to ``timeout`` seconds for a wake-up after generation ``seen`` (or
-    for ``stop``, which ``Poller.stop`` pairs with a ``notify()``); returns the
-    generation now.
+    Wait up to ``timeout`` seconds for a wake-up after generation ``seen``, a
+    nudge, or ``stop`` (which ``Poller.stop`` pairs with a ``notify()``);
+    returns the generation now.
     """
+    global _nudged
     with _cond:
-        if _generation == seen and not (stop is not None and stop.is_set()):
+        if _generation == seen and not _nudged and not (stop is not None and stop.is_set()):
             _cond.wait(timeout)
+        _nudged = False
         return _generation
 
 
 def _on_commit() -> None:
-    notify()
+    nudge()
 
 
 def work_due(using: str) -> None:
@@ -69,4 +92,4 @@ def work_due(using: str) -> None:
         transaction.on_commit(_on_commit, using=using)
         return
     announce(using)
-    notify()
+    nudge()

@@ -14,9 +14,10 @@ from contextlib import ExitStack
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
+from django.db.models import QuerySet
 
-from pikku_django import validate
+from pikku_django import validate, wakeups
 from pikku_django.conf import conf
 from pikku_django.errors import (
     DatabaseUnavailableError,
@@ -30,11 +31,13 @@ from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.passes import Take, take_run
+from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import Lease, WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.queues import queue_slot
 from pikku_django.schedules import tick
+from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watcher
 from pikku_django.worker_loops import SchedulerLoop, SweepLoop
 from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.registry import first_step_of
@@ -57,7 +60,7 @@ class Lane(Poller):
     """
 
     def __init__(self, worker: Worker, index: int) -> None:
-        super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.interval)
+        super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.lane_interval())
         if worker.once:
             # Under cron, a run of --once must end: it gives up on a database
             # that stays out of reach.
@@ -128,7 +131,18 @@ class Worker:
         self.thread: threading.Thread | None = None
         self.lanes: list[Lane] = []
         self._count = threading.Lock()
+        self._due_statements: dict[int, tuple[str, tuple[Any, ...]]] = {}
         self._signals = 0
+
+    def lane_interval(self) -> float:
+        """
+        Seconds between an idle lane's own looks: ``interval``, or where one
+        look of the process looks for every lane (``watchers.DueLook``, while
+        it runs), ``LANE_FALLBACK_S`` if that is longer.
+        """
+        if self.once or not looks_for_lanes(self.using):
+            return self.interval
+        return max(self.interval, LANE_FALLBACK_S)
 
     def lane_holder(self, index: int) -> str:
         """
@@ -159,21 +173,27 @@ class Worker:
     def stop(self) -> None:
         """Ask every loop to end after the unit in hand (safe more than once)."""
         self.stopping.set()
-        from pikku_django import wakeups
-
         wakeups.notify()
 
     # -- the loops ----------------------------------------------------------------
 
     def loops(self) -> list[Poller]:
-        """What runs beside the lanes: the sweep, the scheduler, the listener."""
+        """
+        What runs beside the lanes: the sweep, the scheduler, and what wakes
+        them on other processes' commits (the listener on PostgreSQL, else a
+        ``watchers`` loop).
+        """
         beside: list[Poller] = []
         if self.sweep_interval is not None:
             beside.append(SweepLoop(self))
         if self.schedules and not self.once:
             beside.append(SchedulerLoop(self))
-        if not self.once and carries_notifications(self.using):
-            beside.append(Listener(self.using, stop=self.stopping))
+        if not self.once:
+            if carries_notifications(self.using):
+                beside.append(Listener(self.using, stop=self.stopping))
+            woken_by = watcher(self)
+            if woken_by is not None:
+                beside.append(woken_by)
         return beside
 
     def run(self) -> int:
@@ -285,7 +305,12 @@ class Worker:
         full = set() if full is None else full
         while not self.stopping.is_set():
             newly_full = False
-            for run_id, wake_at, queue in self.due(exclude=full):
+            due = self.due(exclude=full)
+            if len(due) > 1:
+                # More is due than this lane takes: wake one more idle lane
+                # for the next (which does the same), so a burst fans out.
+                wakeups.nudge()
+            for run_id, wake_at, queue in due:
                 if queue in full:
                     continue
                 if not self._reserve():
@@ -312,18 +337,42 @@ class Worker:
             refresh_connections()
         return took
 
-    def due(self, exclude: Iterable[str] = ()) -> list[tuple[Any, int | None, str]]:
+    def due(
+        self, exclude: Iterable[str] = (), *, limit: int | None = None
+    ) -> list[tuple[Any, int | None, str]]:
         """
-        Up to ``batch`` due runs of this worker's queues, but not of
+        Up to ``limit`` (``batch``) due runs of this worker's queues, but not of
         ``exclude``, as (id, wake_at, queue): highest priority first, then the
         earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
         """
+        limit = self.batch if limit is None else limit
+        if exclude:
+            return self._runs(exclude).next_due(limit)
+        # The usual look (no queue left out) is compiled once per limit:
+        # building the query costs several times what running it does, and it
+        # stands between a wake-up and the take. Its "now" is the database's,
+        # in the SQL, never a parameter.
+        statement = self._due_statements.get(limit)
+        if statement is None:
+            sql, params = self.due_rows(limit).query.get_compiler(using=self.using).as_sql()
+            statement = self._due_statements[limit] = (sql, tuple(params))
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(*statement)
+            rows = cursor.fetchall()
+        to_python = WorkflowRun._meta.pk.to_python
+        return [(to_python(pk), wake_at, queue) for pk, wake_at, queue, _ in rows]
+
+    def due_rows(self, limit: int) -> QuerySet[Any, Any]:
+        """``due(limit=limit)`` as a query not yet run (``WorkflowRunQuerySet.next_due_rows``)."""
+        return self._runs(()).next_due_rows(limit)
+
+    def _runs(self, exclude: Iterable[str]) -> WorkflowRunQuerySet:
         runs = WorkflowRun.objects.db_manager(self.using).get_queryset()
         if self.queues is not None:
             runs = runs.filter(queue__in=self.queues)
         if exclude:
             runs = runs.exclude(queue__in=sorted(exclude))
-        return runs.next_due(self.batch)
+        return runs
 
     def take_and_drive(
         self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None

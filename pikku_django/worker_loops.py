@@ -1,49 +1,88 @@
 """
 What a worker runs beside its lanes, each a ``Poller``: the sweep (every
-``--sweep-interval`` seconds) and the scheduler (a ``tick()`` a second). The
-PostgreSQL wake-up listener is ``managers.wakeups.Listener``.
+``--sweep-interval`` seconds) and the scheduler (a ``tick()`` when the next
+tick is due, and every ``SCHEDULE_REREAD_S`` besides). The PostgreSQL
+wake-up listener is ``managers.wakeups.Listener``, the other databases'
+wake-ups are in ``watchers``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from pikku_django.loops import Poller
-from pikku_django.schedules import tick
+from pikku_django.schedules import tick_until_next
 
 if TYPE_CHECKING:
     from pikku_django.worker import Worker
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between the scheduler's reads while no tick is due sooner: how
+#: soon it sees a schedule resumed or changed by another process (a pause is
+#: always seen: the pass at a tick's time reads the schedule first).
+SCHEDULE_REREAD_S = 10.0
+#: Seconds between the worker's sweeps that prune (dead leases, finished runs
+#: past their retention): kept for days, they need no pass every few seconds,
+#: and the prunes are half the reads of an idle pass.
+SWEEP_PRUNE_S = 60.0
+#: Added to the wait for a tick, so that the read after it finds it due on
+#: the database clock rather than a moment before.
+TICK_MARGIN_S = 0.005
+
 
 class SweepLoop(Poller):
-    """The worker's sweep: one ``sweep()`` pass every ``--sweep-interval`` seconds."""
+    """
+    The worker's sweep: one ``sweep()`` pass every ``--sweep-interval``
+    seconds, its prunes in the first pass and then every ``SWEEP_PRUNE_S``.
+    """
 
     wakes = False
 
     def __init__(self, worker: Worker) -> None:
         super().__init__("pikku-sweep", stop=worker.stopping, interval=worker.sweep_interval)
         self.using = worker.using
+        self.pruned_at = float("-inf")
 
     def poll(self) -> bool:
         from pikku_django.sweep import sweep
 
-        report = sweep(using=self.using)
+        prune = time.monotonic() - self.pruned_at >= SWEEP_PRUNE_S
+        report = sweep(using=self.using, prune=prune)
+        if prune:
+            self.pruned_at = time.monotonic()
         logger.debug("Sweep: %s", report.summary())
         return False
 
 
 class SchedulerLoop(Poller):
-    """The worker's scheduler: one ``schedules.tick()`` a second (safe on every worker at once)."""
+    """
+    The worker's scheduler (safe on every worker at once): a
+    ``schedules.tick()`` as the next tick falls due, and every
+    ``SCHEDULE_REREAD_S`` meanwhile, rather than one a second. A tick the
+    admin triggers needs no pass: its run is started, and wakes the lanes,
+    by the trigger itself.
+    """
 
     wakes = False
 
     def __init__(self, worker: Worker) -> None:
         super().__init__("pikku-scheduler", stop=worker.stopping, interval=1.0)
         self.using = worker.using
+        #: Seconds from the last pass's read to the next tick (None: none scheduled).
+        self.next_in: float | None = None
 
     def poll(self) -> bool:
-        tick(using=self.using)
+        _, self.next_in = tick_until_next(using=self.using)
         return False
+
+    def _idle_wait(self) -> float:
+        if self.next_in is None:
+            return SCHEDULE_REREAD_S
+        if self.next_in <= 0:
+            # A tick this pass recorded (its schedule's row is read anew next
+            # pass) or could not: today's cadence, a pass a second.
+            return self.interval
+        return min(SCHEDULE_REREAD_S, self.next_in + TICK_MARGIN_S)

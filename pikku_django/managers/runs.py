@@ -46,7 +46,14 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     def next_due(self, limit: int) -> list[tuple[Any, int | None, str]]:
         """
         Up to ``limit`` of these runs that are due, as (id, wake_at, queue):
-        highest priority first, then the earliest ``wake_at``. One walk of
+        highest priority first, then the earliest ``wake_at`` (``next_due_rows``).
+        """
+        return [(pk, wake_at, queue) for pk, wake_at, queue, _ in self.next_due_rows(limit)]
+
+    def next_due_rows(self, limit: int) -> models.QuerySet[Any, Any]:
+        """
+        ``next_due(limit)`` as a query, not yet run, of (id, wake_at, queue,
+        priority) rows (for a loop that compiles it once). One walk of
         the ``pikku_run_due_idx`` index per active status, each in the
         index's own order and stopping after ``limit`` rows, then the walks
         merged: an IN over the index's leading column would sort every due
@@ -57,7 +64,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
         if connections[self.db].features.supports_slicing_ordering_in_compound:
             first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
-            rows = list(first.union(*rest, all=True).order_by(*order)[:limit])
+            return first.union(*rest, all=True).order_by(*order)[:limit]
         else:
             # SQLite allows no ORDER BY ... LIMIT inside a compound statement:
             # the walks pick ids as subqueries of one statement instead.
@@ -65,8 +72,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
             for walk in walks:
                 picked |= Q(pk__in=walk.values("pk")[:limit])
             runs = self.model._default_manager.db_manager(self.db).get_queryset()
-            rows = list(runs.filter(picked).order_by(*order).values_list(*fields)[:limit])
-        return [(pk, wake_at, queue) for pk, wake_at, queue, _ in rows]
+            return runs.filter(picked).order_by(*order).values_list(*fields)[:limit]
 
     def _due_walk(self, status: str) -> WorkflowRunQuerySet:
         """

@@ -67,7 +67,8 @@ class Listener(Poller):
                 self._close()
                 raise
         if wakes:
-            wakeups.notify()
+            # One lane: it wakes the next if it finds more than one run due.
+            wakeups.nudge()
         # The wait is in the poll itself (on the socket): poll again at once.
         return True
 
