@@ -38,7 +38,7 @@ from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, r
 from pikku_django.queues import queue_slot
 from pikku_django.schedules import tick
 from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watcher
-from pikku_django.worker_loops import SchedulerLoop, SweepLoop
+from pikku_django.worker_loops import Lane, SchedulerLoop, SweepLoop
 from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.registry import first_step_of
 from pikku_django.workflows.runner import drive_run
@@ -49,41 +49,6 @@ __all__ = ["Lane", "Worker", "WorkerNameTakenError", "refresh_connections"]
 
 #: The lease that makes a worker's name its own while it runs.
 WORKER_LEASE_PREFIX = "worker:"
-
-
-class Lane(Poller):
-    """
-    One of a worker's lanes: drives one run at a time, on its own thread and
-    database connection, under a holder name of its own. After a run it looks
-    for the next at once; when nothing is due it waits for a wake-up or its
-    interval.
-    """
-
-    def __init__(self, worker: Worker, index: int) -> None:
-        super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.lane_interval())
-        if worker.once:
-            # Under cron, a run of --once must end: it gives up on a database
-            # that stays out of reach.
-            self.gives_up_after = ONCE_GIVES_UP_AFTER_S
-        self.worker = worker
-        self.holder = worker.lane_holder(index)
-        self.idle = False
-        # The lanes take turns to look while idle: together they look every
-        # interval / concurrency, not all at once every interval.
-        self.phase = self.interval * index / worker.concurrency
-
-    def poll(self) -> bool:
-        took = self.worker.drive_next(self.holder)
-        self.idle = not took
-        return took
-
-    def finished(self) -> bool:
-        return (self.worker.once and self.idle) or self.worker.spent()
-
-    def teardown(self) -> None:
-        # The worker's own thread keeps its connections (a caller's, in tests).
-        if threading.current_thread() is not self.worker.thread:
-            super().teardown()
 
 
 class Worker:

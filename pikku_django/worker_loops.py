@@ -1,5 +1,6 @@
 """
-What a worker runs beside its lanes, each a ``Poller``: the sweep (every
+A worker's loops, each a ``Poller``: its lanes (``Lane``, each driving one
+run at a time), and beside them the sweep (every
 ``--sweep-interval`` seconds) and the scheduler (a ``tick()`` when the next
 tick is due, and every ``SCHEDULE_REREAD_S`` besides). The PostgreSQL
 wake-up listener is ``managers.wakeups.Listener``, the other databases'
@@ -9,10 +10,12 @@ wake-ups are in ``watchers``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from pikku_django.loops import Poller
+from pikku_django.outages import ONCE_GIVES_UP_AFTER_S
 from pikku_django.schedules import tick_until_next
 
 if TYPE_CHECKING:
@@ -31,6 +34,41 @@ SWEEP_PRUNE_S = 60.0
 #: Added to the wait for a tick, so that the read after it finds it due on
 #: the database clock rather than a moment before.
 TICK_MARGIN_S = 0.005
+
+
+class Lane(Poller):
+    """
+    One of a worker's lanes: drives one run at a time, on its own thread and
+    database connection, under a holder name of its own. After a run it looks
+    for the next at once; when nothing is due it waits for a wake-up or its
+    interval.
+    """
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        super().__init__(f"pikku-lane-{index}", stop=worker.stopping, interval=worker.lane_interval())
+        if worker.once:
+            # Under cron, a run of --once must end: it gives up on a database
+            # that stays out of reach.
+            self.gives_up_after = ONCE_GIVES_UP_AFTER_S
+        self.worker = worker
+        self.holder = worker.lane_holder(index)
+        self.idle = False
+        # The lanes take turns to look while idle: together they look every
+        # interval / concurrency, not all at once every interval.
+        self.phase = self.interval * index / worker.concurrency
+
+    def poll(self) -> bool:
+        took = self.worker.drive_next(self.holder)
+        self.idle = not took
+        return took
+
+    def finished(self) -> bool:
+        return (self.worker.once and self.idle) or self.worker.spent()
+
+    def teardown(self) -> None:
+        # The worker's own thread keeps its connections (a caller's, in tests).
+        if threading.current_thread() is not self.worker.thread:
+            super().teardown()
 
 
 class SweepLoop(Poller):
