@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 
 from pikku_django import wakeups
 from pikku_django.errors import DatabaseUnavailableError
-from pikku_django.outages import OUTAGE_ERRORS, Outage, raise_if_not_migrated
+from pikku_django.outages import OUTAGE_ERRORS, Outage, drop_connections, raise_if_not_migrated
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ class Poller:
             seen = wakeups.generation()
             while not self.stopping.is_set() and not self.finished():
                 refresh_connections()
+                if self.outage.missed_one():
+                    drop_connections()
+                    self.outage.renewed()
                 try:
                     busy = self.poll()
                 except OUTAGE_ERRORS as error:

@@ -74,6 +74,8 @@ class Outage:
 
     #: When this process's outage began, as the first loop to fail saw it.
     _process_started: float | None = None
+    #: When this process's last outage ended, as the first loop through saw it.
+    _process_ended: float | None = None
     _lock = threading.Lock()
 
     def __init__(self, name: str) -> None:
@@ -81,6 +83,22 @@ class Outage:
         self.started: float | None = None
         self.failures = 0
         self._delay = FIRST_DELAY
+        # When this loop last got through (or made its connections anew).
+        self._fresh = time.monotonic()
+
+    def missed_one(self) -> bool:
+        """
+        Did an outage begin and end while this loop waited (a scheduler asleep
+        between ticks)? Its connections may be ones the server dropped: the
+        loop makes them anew before it polls (``renewed()``), rather than
+        meeting the outage after it ended, as an outage of its own.
+        """
+        ended = Outage._process_ended
+        return ended is not None and self._fresh < ended
+
+    def renewed(self) -> None:
+        """This loop's connections were made anew."""
+        self._fresh = time.monotonic()
 
     @property
     def ongoing(self) -> bool:
@@ -116,10 +134,13 @@ class Outage:
 
     def succeeded(self) -> None:
         """Note a success; ends the outage, if there was one."""
+        self._fresh = time.monotonic()
         if self.started is None:
             return
         with Outage._lock:
             began, Outage._process_started = Outage._process_started, None
+            if began is not None:
+                Outage._process_ended = self._fresh
         log = logger.warning if began is not None else logger.debug
         log(
             "%s: the database is back after %.1f s (%s failed tries).",
