@@ -225,6 +225,15 @@ class HeldLease:
         """
         self._renewal.stop()
 
+    def hand_over(self) -> None:
+        """
+        The body hands the lease's release to a transaction that commits
+        after it (a lane's next take, ``managers.passes.HeldFinish``): stop
+        renewing, and let the exit send no release of its own.
+        """
+        self._renewal.stop()
+        self._renewal.released = True
+
     def released(self, released: bool) -> None:
         """
         The body released the lease itself, inside the transaction that wrote

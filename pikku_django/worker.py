@@ -6,6 +6,7 @@ scheduler and (on PostgreSQL) the wake-up listener, each a ``Poller``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -30,7 +31,7 @@ from pikku_django.errors import (
 from pikku_django.leases import default_holder, hold_lease
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers.base import write_alias
-from pikku_django.managers.passes import Take, take_run
+from pikku_django.managers.passes import HeldFinish, Take, take_run
 from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import Lease, WorkflowRun
@@ -97,6 +98,8 @@ class Worker:
         self.lanes: list[Lane] = []
         self._count = threading.Lock()
         self._due_statements: dict[int, tuple[str, tuple[Any, ...]]] = {}
+        # Each lane's outcome kept for its next take, by lane holder (``drive_next``'s ``hold``).
+        self._held: dict[str, HeldFinish] = {}
         self._signals = 0
 
     def lane_interval(self) -> float:
@@ -257,7 +260,9 @@ class Worker:
 
     # -- one pass -------------------------------------------------------------------
 
-    def drive_next(self, holder: str | None = None, full: set[str] | None = None) -> bool:
+    def drive_next(
+        self, holder: str | None = None, full: set[str] | None = None, *, hold: bool = False
+    ) -> bool:
         """
         Take the first due run no other lane takes first and drive it under a
         slot of its queue; False when nothing is due that this lane may take.
@@ -265,9 +270,28 @@ class Worker:
         (``wake_at`` 0: its step lost its worker, or the admin woke it) is
         driven next, ahead of a backlog of its priority that only waits its
         turn. A queue found with every slot taken joins ``full`` and is left out.
+
+        ``hold``: the outcome of a run with no parent and no queue limit is
+        kept for this lane's next take, which commits it (one commit per run
+        for a lane going from run to run); ``flush`` writes it otherwise, and
+        this does when nothing is taken.
         """
         holder = holder or self.lane_holder(0)
         full = set() if full is None else full
+        try:
+            took = self._drive_next(holder, full, hold)
+        except BaseException:
+            try:
+                self.flush(holder)
+            except Exception:
+                # Lost: its step runs again once its leases lapse.
+                logger.warning("%s could not write the outcome it held.", holder, exc_info=True)
+            raise
+        if not took:
+            self.flush(holder)
+        return took
+
+    def _drive_next(self, holder: str, full: set[str], hold: bool) -> bool:
         while not self.stopping.is_set():
             newly_full = False
             due = self.due(exclude=full)
@@ -280,7 +304,7 @@ class Worker:
                     continue
                 if not self._reserve():
                     return False
-                outcome = self.take_and_drive(run_id, wake_at, queue, holder)
+                outcome = self.take_and_drive(run_id, wake_at, queue, holder, hold=hold)
                 if outcome:
                     return True
                 self._unreserve()
@@ -297,9 +321,13 @@ class Worker:
         """Drive up to ``batch`` due runs one after another in this thread; returns how many."""
         took = 0
         full: set[str] = set()
-        while took < self.batch and not self.stopping.is_set() and self.drive_next(full=full):
-            took += 1
-            refresh_connections()
+        holder = self.lane_holder(0)
+        try:
+            while took < self.batch and not self.stopping.is_set() and self.drive_next(full=full, hold=True):
+                took += 1
+                refresh_connections()
+        finally:
+            self.flush(holder)
         return took
 
     def due(
@@ -339,8 +367,14 @@ class Worker:
             runs = runs.exclude(queue__in=sorted(exclude))
         return runs
 
+    def flush(self, holder: str) -> None:
+        """Write the outcome ``holder``'s lane holds (see ``drive_next``), in a commit of its own."""
+        finish = self._held.pop(holder, None)
+        if finish is not None:
+            finish.alone()
+
     def take_and_drive(
-        self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None
+        self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None, *, hold: bool = False
     ) -> bool | None:
         """
         Drive one due run under a slot of its queue: True if it was driven,
@@ -360,7 +394,10 @@ class Worker:
                     return True
                 if took.run is None:
                     return False
-                self.drive(took.run, holder, lease=took.lease, claimed=took.claimed)
+                # A queue's slot is let go at the end of this block: its run's
+                # outcome must have committed by then.
+                keeps = hold and conf.concurrency(queue) is None
+                self.drive(took.run, holder, lease=took.lease, claimed=took.claimed, hold=keeps)
                 return True
         except LeaseLostError:
             # The pass is over; its writes were fenced by their own leases.
@@ -377,9 +414,20 @@ class Worker:
         same commit (``FirstStep``).
         """
         holder = holder or self.lane_holder(0)
-        return take_run(
-            self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS, first_step=first_step_of
-        )
+        finish = self._held.pop(holder, None)
+        args = (self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
+        if finish is None:
+            return take_run(*args, first_step=first_step_of)
+        try:
+            # The lane's last outcome commits with this take.
+            return take_run(*args, first_step=first_step_of, finish=finish)
+        except OUTAGE_ERRORS:
+            # Lost with the take: its step runs again once its leases lapse.
+            raise
+        except DatabaseError:
+            logger.exception("A take with run %s's outcome failed; writing the outcome alone.", finish.run_id)
+            finish.alone()
+            return take_run(*args, first_step=first_step_of)
 
     def drive(
         self,
@@ -388,12 +436,13 @@ class Worker:
         *,
         lease: Lease | None = None,
         claimed: dict[str, int] | None = None,
+        hold: bool = False,
     ) -> None:
         run_id = run.pk
+        holder = holder or self.lane_holder(0)
+        keep = functools.partial(self._keep, holder, run) if hold else None
         try:
-            run = drive_run(
-                run, holder=holder or self.lane_holder(0), stop=self.stopping, lease=lease, claimed=claimed
-            )
+            run = drive_run(run, holder=holder, stop=self.stopping, lease=lease, claimed=claimed, hold=keep)
         except OUTAGE_ERRORS:
             # The lane waits the outage out; the run is due again when its lease lapses.
             raise
@@ -402,4 +451,25 @@ class Worker:
             # is due again when its lease lapses.
             logger.exception("Driving run %s failed.", run_id)
             return
-        logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)
+        held = self._held.get(holder)
+        if held is None or held.run_id != run.pk:
+            _log_pass(run)
+
+    def _keep(self, holder: str, run: WorkflowRun, finish: HeldFinish) -> None:
+        """Keep ``finish`` for ``holder``'s next take; the pass is logged once its outcome commits."""
+        then, alone = finish.then, finish.alone
+
+        def logged(done: bool) -> None:
+            then(done)
+            _log_pass(run)
+
+        def logged_alone() -> None:
+            alone()
+            _log_pass(run)
+
+        finish.then, finish.alone = logged, logged_alone
+        self._held[holder] = finish
+
+
+def _log_pass(run: WorkflowRun) -> None:
+    logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)

@@ -58,7 +58,8 @@ class Lane(Poller):
         self.phase = self.interval * index / worker.concurrency
 
     def poll(self) -> bool:
-        took = self.worker.drive_next(self.holder)
+        # A run's outcome rides on the lane's next take (``Worker.drive_next``).
+        took = self.worker.drive_next(self.holder, hold=True)
         self.idle = not took
         return took
 
@@ -66,6 +67,11 @@ class Lane(Poller):
         return (self.worker.once and self.idle) or self.worker.spent()
 
     def teardown(self) -> None:
+        try:
+            # The outcome of the lane's last run, when the lane stops right after it.
+            self.worker.flush(self.holder)
+        except Exception:
+            logger.warning("%s could not write the outcome it held.", self.holder, exc_info=True)
         # The worker's own thread keeps its connections (a caller's, in tests).
         if threading.current_thread() is not self.worker.thread:
             super().teardown()

@@ -20,6 +20,7 @@ only saves commits; a rolled-back transaction leaves what was there.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,12 +29,15 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from pikku_django.clock import DbNowMs
+from pikku_django.errors import StepSupersededError
 from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.base import ensure_autocommit, hot_cursor
 from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import UNKNOWN, finish_run
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pikku_django.leases import HeldLease
@@ -81,6 +85,7 @@ def take_run(
     retry_ms: int,
     *,
     first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
+    finish: HeldFinish | None = None,
 ) -> Take:
     """
     Take a due run for a pass, in one commit: move its ``wake_at`` to when
@@ -96,32 +101,56 @@ def take_run(
     On PostgreSQL and MySQL/MariaDB a run another lane is taking is skipped,
     not waited for: the losing lane writes nothing (``drivers``, ``sql.runs``). On SQLite
     the first statement writes, so the transaction takes the write lock at once.
-    """
-    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
-    runs = WorkflowRun.objects.using(alias)
+    ``finish``: the outcome of the lane's last pass, held for this commit
+    (``HeldFinish``): written first, each write with its own guard, so a lane
+    that goes from run to run pays one commit per run.
+    """
+    from pikku_django.models import WorkflowRun
+
     connection = connections[alias]
     ensure_autocommit(connection)
     params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection), "wake_at": wake_at}
     with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
-        if not driver(connection).take_run(connection, cursor, {**params, "ttl_ms": ttl_ms}):
-            return Take(False)
-        key = WorkflowRun(pk=run_id).lease_key
-        lease = Lease.objects.db_manager(alias).acquire_within(key, holder, ttl_ms)
-        if lease is None:
-            # Held elsewhere: look again a little later (as a pass that meets it does).
-            runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
-            return Take(True)
-        # Read once, after the take (the due query reads only ids).
-        run = runs.filter(pk=run_id).first()
-        claimed: dict[str, int] = {}
-        step = None if run is None or first_step is None else first_step(run)
-        if step is not None:
-            attempt = WorkflowStep.objects.db_manager(alias).claim_attempt(
-                run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True
-            )
-            if attempt is not None:
-                claimed[step.name] = attempt
+        written = None if finish is None else finish.write_within()
+        take = _take_within(alias, cursor, run_id, {**params, "ttl_ms": ttl_ms}, holder, retry_ms, first_step)
+    if finish is not None and written is not None:
+        finish.committed(*written)
+    return take
+
+
+def _take_within(
+    alias: str,
+    cursor: Any,
+    run_id: Any,
+    params: dict[str, Any],
+    holder: str,
+    retry_ms: int,
+    first_step: Callable[[WorkflowRun], FirstStep | None] | None,
+) -> Take:
+    """``take_run``'s statements, in the transaction it opened."""
+    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+
+    connection = connections[alias]
+    runs = WorkflowRun.objects.using(alias)
+    if not driver(connection).take_run(connection, cursor, params):
+        return Take(False)
+    key = WorkflowRun(pk=run_id).lease_key
+    lease = Lease.objects.db_manager(alias).acquire_within(key, holder, params["ttl_ms"])
+    if lease is None:
+        # Held elsewhere: look again a little later (as a pass that meets it does).
+        runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
+        return Take(True)
+    # Read once, after the take (the due query reads only ids).
+    run = runs.filter(pk=run_id).first()
+    claimed: dict[str, int] = {}
+    step = None if run is None or first_step is None else first_step(run)
+    if step is not None:
+        attempt = WorkflowStep.objects.db_manager(alias).claim_attempt(
+            run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True
+        )
+        if attempt is not None:
+            claimed[step.name] = attempt
     return Take(True, lease, run, claimed)
 
 
@@ -159,3 +188,55 @@ def finish_pass(
     if held is not None and released is not None:
         held.released(released)
     return done
+
+
+@dataclass
+class HeldFinish:
+    """
+    A pass's outcome (what ``finish_pass`` writes, for a run with no parent)
+    held by its lane for the lane's next take, so that the two commit
+    together. Until then the outcome is not reported anywhere: ``then``
+    runs once it has committed, given whether it was recorded. A lane with
+    no take to make writes it alone (``alone``: ``finish_pass`` and the
+    pass's own handling of its errors). A crash in between loses only this
+    outcome: its run lease and step lease lapse, and the step runs again as
+    a new attempt under the same fence.
+    """
+
+    alias: str
+    run_id: Any
+    status: str
+    held: HeldLease | None
+    fence: RunFence | None
+    outcome: PreparedFinish | None
+    fields: dict[str, Any]
+    then: Callable[[bool], None]
+    alone: Callable[[], None]
+
+    def write_within(self) -> tuple[bool, bool | None]:
+        """
+        The outcome's writes, in the caller's transaction: (recorded,
+        what the release answered). A superseded last step writes nothing
+        and records nothing; the run lease is released all the same.
+        """
+        from pikku_django.models import Lease, WorkflowStep
+
+        try:
+            if self.outcome is not None:
+                WorkflowStep.objects.db_manager(self.alias).write_finish(self.outcome, within=True)
+            done = finish_run(
+                self.alias, self.run_id, self.status, parent_id=None, fence=self.fence, **self.fields
+            )
+        except StepSupersededError:
+            # A newer attempt owns the last step: this pass is stale (nothing was written).
+            logger.warning("Run %s: its last step's attempt was superseded; its pass ends.", self.run_id)
+            done = False
+        held = self.held
+        released = None if held is None else Lease.objects.db_manager(self.alias).release_within(held.lease)
+        return done, released
+
+    def committed(self, done: bool, released: bool | None) -> None:
+        """The transaction holding the outcome has committed."""
+        if released is False:
+            logger.warning("Run %s: its run lease had lapsed or passed on by its outcome.", self.run_id)
+        self.then(done)

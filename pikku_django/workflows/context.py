@@ -22,6 +22,7 @@ from pikku_django.errors import (
 from pikku_django.leases import HeldLease
 from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.fence import RunFence
+from pikku_django.managers.passes import HeldFinish
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.workflows.attempts import (
     PendingOutcome,
@@ -77,6 +78,8 @@ class RunContext(FanOutMixin, WaitsMixin):
         self._pending: PendingOutcome | None = None
         # What to call once the run's outcome has committed, by status (``on_completed``).
         self._ended: dict[str, list[Callable[[WorkflowRun], None]]] = {"completed": [], "failed": []}
+        # A lane's keeper of this pass's outcome for its next take (``runner.drive_run``'s ``hold``).
+        self.hold: Callable[[HeldFinish], None] | None = None
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
         # One read of every step: finished steps replay from here.

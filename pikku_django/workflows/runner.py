@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
@@ -27,12 +28,15 @@ from pikku_django.leases import hold_lease, keep_lease
 from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.passes import finish_pass
+from pikku_django.managers.passes import HeldFinish, finish_pass
 from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
 from pikku_django.workflows.waits import Stop, Suspend, suspend_run
+
+if TYPE_CHECKING:
+    from pikku_django.workflows.attempts import PendingOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +138,7 @@ def drive_run(
     stop: threading.Event | None = None,
     lease: Lease | None = None,
     claimed: dict[str, int] | None = None,
+    hold: Callable[[HeldFinish], None] | None = None,
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
@@ -141,6 +146,9 @@ def drive_run(
     outcome when this pass recorded one (status, output, error). ``lease``:
     the run lease, when the take acquired it in its own commit; ``claimed``:
     the steps that take claimed (name to attempt), which the pass runs.
+    ``hold``: a lane's, to keep the outcome of a run with no parent for its
+    next take (``HeldFinish``); the run is then returned before its outcome
+    is written.
 
     The pass, top to bottom: take the run lease; replay the finished steps
     and run the next ones (``RunContext``); write the suspension, or the
@@ -171,6 +179,7 @@ def drive_run(
                 runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
                 run.status = "running"
             ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed)
+            ctx.hold = hold
             try:
                 _drive(run, fn, ctx, fence)
             finally:
@@ -251,8 +260,33 @@ def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> No
     transaction. If that success cannot be written for a store error, the
     run fails naming it, as a store failure under the pass does.
     """
-    alias = run._state.db or DEFAULT_DB_ALIAS
     pending = ctx.take_outcome()
+    hold, held = ctx.hold, ctx.run_lease
+    if hold is not None and held is not None and run.parent_id is None:
+        # The lane writes it with its next take (one commit for both), or alone.
+        held.hand_over()
+        hold(
+            HeldFinish(
+                run._state.db or DEFAULT_DB_ALIAS,
+                run.pk,
+                status,
+                held,
+                ctx.run_fence,
+                None if pending is None else pending.finish,
+                fields,
+                then=lambda done: _ended(run, status, ctx, done, fields),
+                alone=lambda: _finish_now(run, status, ctx, pending, **fields),
+            )
+        )
+        return
+    _finish_now(run, status, ctx, pending, **fields)
+
+
+def _finish_now(
+    run: WorkflowRun, status: str, ctx: RunContext, pending: PendingOutcome | None, **fields: Any
+) -> None:
+    """``_finish`` in a commit of its own."""
+    alias = run._state.db or DEFAULT_DB_ALIAS
     try:
         done = finish_pass(
             alias,
@@ -272,8 +306,13 @@ def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> No
         if pending is None or isinstance(error, OUTAGE_ERRORS):
             raise
         logger.error("Run %s: the store failed under its pass: %r", run.pk, error)
-        _finish(run, "failed", ctx, error=serialize_error(RunStoreError(run.pk, error)))
+        _finish_now(run, "failed", ctx, None, error=serialize_error(RunStoreError(run.pk, error)))
         return
+    _ended(run, status, ctx, done, fields)
+
+
+def _ended(run: WorkflowRun, status: str, ctx: RunContext, done: bool, fields: dict[str, Any]) -> None:
+    """The run's outcome has committed (``done``: this pass recorded it): tell those who asked."""
     if done:
         run.status, run.wake_at = status, None
         for name, value in fields.items():

@@ -1,0 +1,117 @@
+"""
+A lane going from run to run pays one commit per run: the outcome of its
+last pass is held for its next take and commits with it (issue 14). Held,
+it is reported nowhere; a lane with nothing to take writes it alone; a
+held outcome that is lost (a crash) costs only a new attempt, and one whose
+run lease passed on meanwhile is refused.
+"""
+
+from __future__ import annotations
+
+from django.test import TransactionTestCase
+
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sweep import sweep
+from pikku_django.tasks.compat import TaskResultStatus
+from pikku_django.worker import Worker
+from testproject.testing import tasks
+from tests.conftest import lapse, lapse_step
+from tests.test_task_commits import LONE_TASK_COMMITS, counting_commits
+
+TASKS = 10
+
+
+def attempts_of(result_id: str) -> list[tuple[int, str]]:
+    rows = WorkflowStepAttempt.objects.filter(step__run_id=result_id).order_by("attempt")
+    return list(rows.values_list("attempt", "status"))
+
+
+class HeldOutcomeTests(TransactionTestCase):
+    def test_a_lane_through_a_backlog_pays_one_commit_per_task_and_one_for_the_last_outcome(self) -> None:
+        results = [tasks.add.enqueue(i, 1) for i in range(TASKS)]
+        worker = Worker(holder="w-held", concurrency=1, batch=TASKS, interval=0.01)
+        with counting_commits() as counter:
+            assert worker.run_batch() == TASKS
+        # Each take carries the outcome before it; the last outcome goes alone.
+        assert counter.commits == TASKS + 1, counter.report()
+        for i, result in enumerate(results):
+            result.refresh()
+            assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, i + 1)
+            assert attempts_of(result.id) == [(1, "succeeded")]
+            assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_a_lone_task_still_costs_its_two_commits(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        with counting_commits() as counter:
+            assert worker.run_batch() == 1
+        assert counter.commits == LONE_TASK_COMMITS, counter.report()
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+
+    def test_a_held_outcome_is_reported_nowhere_until_it_commits(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        # The task ran; its outcome waits for the lane's next take.
+        result.refresh()
+        assert result.status == TaskResultStatus.RUNNING
+        assert WorkflowRun.objects.get(pk=result.id).status == "running"
+        assert WorkflowStep.objects.get(run_id=result.id).status == "running"
+        worker.flush(holder)
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+        assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_the_next_take_commits_the_held_outcome(self) -> None:
+        first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        with counting_commits() as counter:
+            assert worker._drive_next(holder, set(), True) is True
+        # One commit: the second task's take with the first's outcome.
+        assert counter.commits == 1, counter.report()
+        first.refresh()
+        second.refresh()
+        assert first.status == TaskResultStatus.SUCCESSFUL
+        assert second.status == TaskResultStatus.RUNNING
+        worker.flush(holder)
+        second.refresh()
+        assert (second.status, second.return_value) == (TaskResultStatus.SUCCESSFUL, 4)
+
+    def test_a_lost_held_outcome_costs_a_new_attempt_and_nothing_else(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        # The process dies holding it: the outcome is never written.
+        worker._held.clear()
+        lapse(f"workflow-run:{result.id}")
+        lapse_step(WorkflowStep.objects.get(run_id=result.id))
+        sweep()
+        other = Worker(holder="w-other", concurrency=1, interval=0.01)
+        assert other.run_batch() == 1
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+        assert attempts_of(result.id) == [(1, "running"), (2, "succeeded")]
+
+    def test_a_held_outcome_whose_run_passed_on_is_refused(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        # Its leases lapse before the lane writes it; another worker runs the task again.
+        lapse(f"workflow-run:{result.id}")
+        lapse_step(WorkflowStep.objects.get(run_id=result.id))
+        sweep()
+        other = Worker(holder="w-other", concurrency=1, interval=0.01)
+        assert other.run_batch() == 1
+        done = WorkflowRun.objects.get(pk=result.id)
+        worker.flush(holder)
+        # The late outcome changed nothing: the run and its step are the second attempt's.
+        after = WorkflowRun.objects.get(pk=result.id)
+        assert (after.status, after.updated_at, after.output) == ("completed", done.updated_at, done.output)
+        assert attempts_of(result.id) == [(1, "running"), (2, "succeeded")]
+        assert WorkflowStep.objects.get(run_id=result.id).attempt == 2
