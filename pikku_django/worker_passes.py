@@ -1,0 +1,268 @@
+"""
+A worker's passes: look for due runs, take one (with its run lease, and a
+task's step, in one commit), drive it under a slot of its queue, and hold
+its outcome for the lane's next take (``managers.passes``). ``Worker``
+mixes them in; its loops call ``drive_next``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models import QuerySet
+
+from pikku_django import wakeups
+from pikku_django.conf import conf
+from pikku_django.errors import LeaseLostError
+from pikku_django.loops import refresh_connections
+from pikku_django.managers.passes import HeldFinish, Take, take_run
+from pikku_django.managers.runs import WorkflowRunQuerySet
+from pikku_django.models import Lease, WorkflowRun
+from pikku_django.outages import OUTAGE_ERRORS
+from pikku_django.queues import queue_slot
+from pikku_django.workflows.context import RETRY_SOON_MS
+from pikku_django.workflows.registry import first_step_of
+from pikku_django.workflows.runner import drive_run
+
+logger = logging.getLogger("pikku_django.worker")
+
+
+class WorkerPasses:
+    """``Worker``'s passes (see the module docstring)."""
+
+    using: str
+    batch: int
+    queues: list[str] | None
+    stopping: threading.Event
+    _held: dict[str, HeldFinish]
+    _due_statements: dict[int, tuple[str, tuple[Any, ...]]]
+
+    def lane_holder(self, index: int) -> str:
+        raise NotImplementedError
+
+    def _reserve(self) -> bool:
+        raise NotImplementedError
+
+    def _unreserve(self) -> None:
+        raise NotImplementedError
+
+    # -- one pass -------------------------------------------------------------------
+
+    def drive_next(
+        self, holder: str | None = None, full: set[str] | None = None, *, hold: bool = False
+    ) -> bool:
+        """
+        Take the first due run no other lane takes first and drive it under a
+        slot of its queue; False when nothing is due that this lane may take.
+        Looked up afresh before every pass, so a run woken out of turn
+        (``wake_at`` 0: its step lost its worker, or the admin woke it) is
+        driven next, ahead of a backlog of its priority that only waits its
+        turn. A queue found with every slot taken joins ``full`` and is left out.
+
+        ``hold``: the outcome of a run with no parent and no queue limit is
+        kept for this lane's next take, which commits it (one commit per run
+        for a lane going from run to run); ``flush`` writes it otherwise, and
+        this does when nothing is taken.
+        """
+        holder = holder or self.lane_holder(0)
+        full = set() if full is None else full
+        try:
+            took = self._drive_next(holder, full, hold)
+        except BaseException:
+            try:
+                self.flush(holder)
+            except Exception:
+                # Lost: its step runs again once its leases lapse.
+                logger.warning("%s could not write the outcome it held.", holder, exc_info=True)
+            raise
+        if not took:
+            self.flush(holder)
+        return took
+
+    def _drive_next(self, holder: str, full: set[str], hold: bool) -> bool:
+        while not self.stopping.is_set():
+            newly_full = False
+            due = self.due(exclude=full)
+            if len(due) > 1:
+                # More is due than this lane takes: wake one more idle lane
+                # for the next (which does the same), so a burst fans out.
+                wakeups.nudge()
+            for run_id, wake_at, queue in due:
+                if queue in full:
+                    continue
+                if not self._reserve():
+                    return False
+                outcome = self.take_and_drive(run_id, wake_at, queue, holder, hold=hold)
+                if outcome:
+                    return True
+                self._unreserve()
+                if outcome is None:
+                    full.add(queue)
+                    newly_full = True
+            # Look again only when a queue filled up: its runs may have hidden
+            # due runs of other queues from this look.
+            if not newly_full:
+                return False
+        return False
+
+    def run_batch(self) -> int:
+        """Drive up to ``batch`` due runs one after another in this thread; returns how many."""
+        took = 0
+        full: set[str] = set()
+        holder = self.lane_holder(0)
+        try:
+            while took < self.batch and not self.stopping.is_set() and self.drive_next(full=full, hold=True):
+                took += 1
+                refresh_connections()
+        finally:
+            self.flush(holder)
+        return took
+
+    def due(
+        self, exclude: Iterable[str] = (), *, limit: int | None = None
+    ) -> list[tuple[Any, int | None, str]]:
+        """
+        Up to ``limit`` (``batch``) due runs of this worker's queues, but not of
+        ``exclude``, as (id, wake_at, queue): highest priority first, then the
+        earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
+        """
+        limit = self.batch if limit is None else limit
+        if exclude:
+            return self._runs(exclude).next_due(limit)
+        # The usual look (no queue left out) is compiled once per limit:
+        # building the query costs several times what running it does, and it
+        # stands between a wake-up and the take. Its "now" is the database's,
+        # in the SQL, never a parameter.
+        statement = self._due_statements.get(limit)
+        if statement is None:
+            sql, params = self.due_rows(limit).query.get_compiler(using=self.using).as_sql()
+            statement = self._due_statements[limit] = (sql, tuple(params))
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(*statement)
+            rows = cursor.fetchall()
+        to_python = WorkflowRun._meta.pk.to_python
+        return [(to_python(pk), wake_at, queue) for pk, wake_at, queue, _ in rows]
+
+    def due_rows(self, limit: int) -> QuerySet[Any, Any]:
+        """``due(limit=limit)`` as a query not yet run (``WorkflowRunQuerySet.next_due_rows``)."""
+        return self._runs(()).next_due_rows(limit)
+
+    def _runs(self, exclude: Iterable[str]) -> WorkflowRunQuerySet:
+        runs = WorkflowRun.objects.db_manager(self.using).get_queryset()
+        if self.queues is not None:
+            runs = runs.filter(queue__in=self.queues)
+        if exclude:
+            runs = runs.exclude(queue__in=sorted(exclude))
+        return runs
+
+    def flush(self, holder: str) -> None:
+        """Write the outcome ``holder``'s lane holds (see ``drive_next``), in a commit of its own."""
+        finish = self._held.pop(holder, None)
+        if finish is not None:
+            finish.alone()
+
+    def take_and_drive(
+        self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None, *, hold: bool = False
+    ) -> bool | None:
+        """
+        Drive one due run under a slot of its queue: True if it was driven,
+        False if another lane took it first, None if every slot of its
+        queue is taken (the run stays due).
+        """
+        holder = holder or self.lane_holder(0)
+        try:
+            with queue_slot(queue, holder, using=self.using) as slot:
+                if not slot:
+                    return None
+                took = self.take(run_id, wake_at, holder)
+                if not took.taken:
+                    return False
+                if took.lease is None:
+                    # Its run lease is another pass's: the take made it due a little later.
+                    return True
+                if took.run is None:
+                    return False
+                # A queue's slot is let go at the end of this block: its run's
+                # outcome must have committed by then.
+                keeps = hold and conf.concurrency(queue) is None
+                self.drive(took.run, holder, lease=took.lease, claimed=took.claimed, hold=keeps)
+                return True
+        except LeaseLostError:
+            # The pass is over; its writes were fenced by their own leases.
+            logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
+            return True
+
+    def take(self, run_id: Any, wake_at: int | None, holder: str | None = None) -> Take:
+        """
+        Claim one due run for a pass, with its run lease, in one commit
+        (``managers.passes.take_run``): its ``wake_at`` moves to when the
+        lease would lapse, guarded by the value read, so another lane that
+        read the same value matches nothing; if this one dies, the run is due
+        again once its lease is gone. A Django task's step is claimed in the
+        same commit (``FirstStep``).
+        """
+        holder = holder or self.lane_holder(0)
+        finish = self._held.pop(holder, None)
+        args = (self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
+        if finish is None:
+            return take_run(*args, first_step=first_step_of)
+        try:
+            # The lane's last outcome commits with this take.
+            return take_run(*args, first_step=first_step_of, finish=finish)
+        except OUTAGE_ERRORS:
+            # Lost with the take: its step runs again once its leases lapse.
+            raise
+        except DatabaseError:
+            logger.exception("A take with run %s's outcome failed; writing the outcome alone.", finish.run_id)
+            finish.alone()
+            return take_run(*args, first_step=first_step_of)
+
+    def drive(
+        self,
+        run: WorkflowRun,
+        holder: str | None = None,
+        *,
+        lease: Lease | None = None,
+        claimed: dict[str, int] | None = None,
+        hold: bool = False,
+    ) -> None:
+        run_id = run.pk
+        holder = holder or self.lane_holder(0)
+        keep = functools.partial(self._keep, holder, run) if hold else None
+        try:
+            run = drive_run(run, holder=holder, stop=self.stopping, lease=lease, claimed=claimed, hold=keep)
+        except OUTAGE_ERRORS:
+            # The lane waits the outage out; the run is due again when its lease lapses.
+            raise
+        except Exception:
+            # One run's failure to be driven must not stop the lane; the run
+            # is due again when its lease lapses.
+            logger.exception("Driving run %s failed.", run_id)
+            return
+        held = self._held.get(holder)
+        if held is None or held.run_id != run.pk:
+            _log_pass(run)
+
+    def _keep(self, holder: str, run: WorkflowRun, finish: HeldFinish) -> None:
+        """Keep ``finish`` for ``holder``'s next take; the pass is logged once its outcome commits."""
+        then, alone = finish.then, finish.alone
+
+        def logged(done: bool) -> None:
+            then(done)
+            _log_pass(run)
+
+        def logged_alone() -> None:
+            alone()
+            _log_pass(run)
+
+        finish.then, finish.alone = logged, logged_alone
+        self._held[holder] = finish
+
+
+def _log_pass(run: WorkflowRun) -> None:
+    logger.info("Run %s (%s): %s", run.pk, run.workflow, run.status)
