@@ -71,6 +71,15 @@ def _last_attempt(ctx: RunContext) -> bool:
     return step.is_exhausted
 
 
+def _finished(task_result: Any, run: WorkflowRun, status: Any) -> Any:
+    """A copy of ``task_result`` ended with ``status``; its ``finished_at`` is the run's, read back."""
+    finished_at = WorkflowRun.objects.using(run._state.db).values_list("updated_at", flat=True).get(pk=run.pk)
+    done = copy.copy(task_result)
+    object.__setattr__(done, "status", status)
+    object.__setattr__(done, "finished_at", finished_at)
+    return done
+
+
 def _when_failed(task_result: Any, error: Exception, sender: type) -> Any:
     """
     What sends ``task_finished`` FAILED for the task's last attempt, which
@@ -82,16 +91,9 @@ def _when_failed(task_result: Any, error: Exception, sender: type) -> Any:
     stored = serialize_error(error)
 
     def send(run: WorkflowRun) -> None:
-        runs = WorkflowRun.objects.using(run._state.db)
-        finished_at = runs.values_list("updated_at", flat=True).get(pk=run.pk)
-        done = copy.copy(task_result)
-        object.__setattr__(done, "status", TaskResultStatus.FAILED)
-        object.__setattr__(done, "finished_at", finished_at)
-        errors = [
-            *task_result.errors,
-            TaskError(exception_class_path=stored["type"], traceback=stored["traceback"]),
-        ]
-        object.__setattr__(done, "errors", errors)
+        done = _finished(task_result, run, TaskResultStatus.FAILED)
+        error_row = TaskError(exception_class_path=stored["type"], traceback=stored["traceback"])
+        object.__setattr__(done, "errors", [*task_result.errors, error_row])
         try:
             raise error
         except Exception:
@@ -109,11 +111,7 @@ def _when_done(task_result: Any, value: Any, sender: type) -> Any:
     """
 
     def send(run: WorkflowRun) -> None:
-        runs = WorkflowRun.objects.using(run._state.db)
-        finished_at = runs.values_list("updated_at", flat=True).get(pk=run.pk)
-        done = copy.copy(task_result)
-        object.__setattr__(done, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(done, "finished_at", finished_at)
+        done = _finished(task_result, run, TaskResultStatus.SUCCESSFUL)
         object.__setattr__(done, "errors", list(task_result.errors))
         object.__setattr__(done, "_return_value", value)
         task_finished.send(sender=sender, task_result=done)
