@@ -175,19 +175,39 @@ def finish_pass(
     so no renewal races the release; ``held.released`` tells the lease's
     holder what the release answered.
     """
-    from pikku_django.models import Lease, WorkflowStep
-
     if held is not None:
         held.stop_renewing()
     # A child's finish locks and settles its parent in atomic() blocks of its own.
     with _transaction(alias, nests=parent_id is not None):
-        if outcome is not None:
-            WorkflowStep.objects.db_manager(alias).write_finish(outcome, within=True)
-        done = finish_run(alias, run_id, status, parent_id=parent_id, fence=fence, **fields)
-        released = None if held is None else Lease.objects.db_manager(alias).release_within(held.lease)
+        done = _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields)
+        released = _release_within(alias, held)
     if held is not None and released is not None:
         held.released(released)
     return done
+
+
+def _outcome_within(
+    alias: str,
+    run_id: Any,
+    status: str,
+    outcome: PreparedFinish | None,
+    parent_id: Any,
+    fence: RunFence | None,
+    fields: dict[str, Any],
+) -> bool:
+    """The last step's outcome (fenced to its attempt), then the run's (to the run lease)."""
+    from pikku_django.models import WorkflowStep
+
+    if outcome is not None:
+        WorkflowStep.objects.db_manager(alias).write_finish(outcome, within=True)
+    return finish_run(alias, run_id, status, parent_id=parent_id, fence=fence, **fields)
+
+
+def _release_within(alias: str, held: HeldLease | None) -> bool | None:
+    """The run lease's release in the caller's transaction: what it answered (None: no lease)."""
+    from pikku_django.models import Lease
+
+    return None if held is None else Lease.objects.db_manager(alias).release_within(held.lease)
 
 
 @dataclass
@@ -219,21 +239,15 @@ class HeldFinish:
         what the release answered). A superseded last step writes nothing
         and records nothing; the run lease is released all the same.
         """
-        from pikku_django.models import Lease, WorkflowStep
-
         try:
-            if self.outcome is not None:
-                WorkflowStep.objects.db_manager(self.alias).write_finish(self.outcome, within=True)
-            done = finish_run(
-                self.alias, self.run_id, self.status, parent_id=None, fence=self.fence, **self.fields
+            done = _outcome_within(
+                self.alias, self.run_id, self.status, self.outcome, None, self.fence, self.fields
             )
         except StepSupersededError:
             # A newer attempt owns the last step: this pass is stale (nothing was written).
             logger.warning("Run %s: its last step's attempt was superseded; its pass ends.", self.run_id)
             done = False
-        held = self.held
-        released = None if held is None else Lease.objects.db_manager(self.alias).release_within(held.lease)
-        return done, released
+        return done, _release_within(self.alias, self.held)
 
     def committed(self, done: bool, released: bool | None) -> None:
         """The transaction holding the outcome has committed."""
