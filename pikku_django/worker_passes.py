@@ -20,6 +20,7 @@ from pikku_django import wakeups
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
 from pikku_django.loops import refresh_connections
+from pikku_django.managers.conflicts import is_conflict
 from pikku_django.managers.passes import HeldFinish, Take, take_run
 from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.models import Lease, WorkflowRun
@@ -214,13 +215,16 @@ class WorkerPasses:
         try:
             # The lane's last outcome commits with this take.
             return take_run(*args, first_step=first_step_of, finish=finish)
-        except OUTAGE_ERRORS:
-            # Lost with the take: its step runs again once its leases lapse.
-            raise
+        except OUTAGE_ERRORS as error:
+            if not is_conflict(error):
+                # Lost with the take: its step runs again once its leases lapse.
+                raise
+            # Rolled back for a conflict every time it was sent: apart, each in its own commit.
+            logger.warning("A take with run %s's outcome met conflicts; writing it alone.", finish.run_id)
         except DatabaseError:
             logger.exception("A take with run %s's outcome failed; writing the outcome alone.", finish.run_id)
-            finish.alone()
-            return take_run(*args, first_step=first_step_of)
+        finish.alone()
+        return take_run(*args, first_step=first_step_of)
 
     def drive(
         self,

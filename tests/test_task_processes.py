@@ -19,6 +19,7 @@ from unittest import skipIf
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from pikku_django.errors import StepLeaseExpiredError
 from pikku_django.models import Lease, WorkflowRun, WorkflowStepAttempt
@@ -277,6 +278,26 @@ class TakeClaimProcessTests(WorkerProcessTestCase):
         assert attempts.count() == 60
         calls = StepCall.objects.filter(run_id__in=[r.id for r in results])
         assert sorted(calls.values_list("step", flat=True)) == sorted(f"t{i}" for i in range(60))
+
+    def test_sixteen_lanes_of_overlapping_tasks_lose_no_outcome_to_a_conflict(self) -> None:
+        # Sixteen lanes writing attempt rows side by side: on MariaDB two of
+        # them deadlock now and then (InnoDB's auto-increment lock against
+        # the unique index). The server rolls one back; the lane sends it
+        # again, so no lane waits it out as an outage, and no held outcome is
+        # lost (which would run its task again as attempt 2, 30 s later).
+        later = tasks.nap.using(run_after=timezone.now() + datetime.timedelta(days=1))
+        results = [later.enqueue(50) for _ in range(200)]
+        proc = self.worker("--holder", "sixteen", "--concurrency", "16", "--interval", "0.05")
+        self.ready(proc, "sixteen")
+        # All due at once, in one commit: sixteen lanes take and finish side by side.
+        WorkflowRun.objects.filter(pk__in=[r.id for r in results]).update(wake_at=Lease.objects.db_now_ms())
+        poll_until(lambda: all(result_of(r.id).is_finished for r in results), timeout=120, interval=0.1)
+        self.stop(proc, "sixteen")
+        done = [result_of(r.id) for r in results]
+        assert {d.status for d in done} == {TaskResultStatus.SUCCESSFUL}
+        assert {d.attempts for d in done} == {1}
+        log = self.log(proc)
+        assert "unavailable" not in log and "conflicts" not in log, log
 
     def test_a_worker_paused_inside_a_task_past_its_leases_has_its_late_result_refused(self) -> None:
         env = subprocess_env(**SHORT_LEASES)

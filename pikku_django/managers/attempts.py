@@ -26,6 +26,7 @@ from pikku_django import sql, validate
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
 from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import UNFENCED, RunFence
 
@@ -124,12 +125,14 @@ class StepAttemptsMixin:
         params["step_id"] = self.model._meta.pk.get_db_prep_value(step_id, connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
-        with hot_cursor(connection) as cursor:
-            if outcome is None:
-                started = driver(connection).start_step(connection, cursor, params)
-            else:
-                started = self._handoff(connection, cursor, params, outcome)
-        if not started:
+
+        def write() -> bool:
+            with hot_cursor(connection) as cursor:
+                if outcome is None:
+                    return driver(connection).start_step(connection, cursor, params)
+                return self._handoff(connection, cursor, params, outcome)
+
+        if not retried(connection, write):
             return None
         step = self.model(
             id=step_id,
@@ -190,8 +193,12 @@ class StepAttemptsMixin:
             ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
-        with hot_cursor(connection) as cursor:
-            attempt = driver(connection).claim_attempt(connection, cursor, params, within=within)
+
+        def write() -> int | None:
+            with hot_cursor(connection) as cursor:
+                return driver(connection).claim_attempt(connection, cursor, params, within=within)
+
+        attempt = retried(connection, write, within=within)
         if attempt is None and not within:
             self._settle_unclaimed(run_id, step_name, rpc_name)  # type: ignore[attr-defined]
         return attempt
@@ -234,9 +241,13 @@ class StepAttemptsMixin:
         """
         connection = self._write_connection()
         params = self._finish_params(finish, connection)
-        with hot_cursor(connection) as cursor:
-            if not driver(connection).write_finish(connection, cursor, params, within=within):
-                raise StepSupersededError(finish.step_id, finish.attempt)
+
+        def write() -> bool:
+            with hot_cursor(connection) as cursor:
+                return driver(connection).write_finish(connection, cursor, params, within=within)
+
+        if not retried(connection, write, within=within):
+            raise StepSupersededError(finish.step_id, finish.attempt)
 
     def _finish_params(self, finish: PreparedFinish, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         """The parameters of an outcome's statements (``sql.*_STEP_FINISH``)."""

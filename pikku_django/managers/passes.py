@@ -15,7 +15,9 @@ Each write keeps its own guard inside the transaction: the take its
 ``wake_at``, the lease its acquire rules, the claim its attempt, budget and
 lease rules (the same statement a pass sends), the step's outcome its attempt, the
 run's outcome the run lease, the release its holder and token. Joining them
-only saves commits; a rolled-back transaction leaves what was there.
+only saves commits; a rolled-back transaction leaves what was there, and
+one the server rolled back for a conflict with another lane is sent again
+(``conflicts.retried``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pikku_django.errors import StepSupersededError
 from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.base import ensure_autocommit, hot_cursor
 from pikku_django.managers.batches import one_transaction
+from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import UNKNOWN, finish_run
@@ -111,9 +114,15 @@ def take_run(
     connection = connections[alias]
     ensure_autocommit(connection)
     params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection), "wake_at": wake_at}
-    with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
-        written = None if finish is None else finish.write_within()
-        take = _take_within(alias, cursor, run_id, {**params, "ttl_ms": ttl_ms}, holder, retry_ms, first_step)
+
+    def write() -> tuple[tuple[bool, bool | None] | None, Take]:
+        with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
+            written = None if finish is None else finish.write_within()
+            params_ttl = {**params, "ttl_ms": ttl_ms}
+            take = _take_within(alias, cursor, run_id, params_ttl, holder, retry_ms, first_step)
+        return written, take
+
+    written, take = retried(connection, write)
     if finish is not None and written is not None:
         finish.committed(*written)
     return take
@@ -178,9 +187,15 @@ def finish_pass(
     if held is not None:
         held.stop_renewing()
     # A child's finish locks and settles its parent in atomic() blocks of its own.
-    with _transaction(alias, nests=parent_id is not None):
-        done = _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields)
-        released = _release_within(alias, held)
+
+    def write() -> tuple[bool, bool | None]:
+        with _transaction(alias, nests=parent_id is not None):
+            return (
+                _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields),
+                _release_within(alias, held),
+            )
+
+    done, released = retried(connections[alias], write)
     if held is not None and released is not None:
         held.released(released)
     return done

@@ -20,6 +20,7 @@ from pikku_django.errors import (
 )
 from pikku_django.managers.attempts import StepAttemptsMixin
 from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
 
 if TYPE_CHECKING:
@@ -161,13 +162,17 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
-        with hot_cursor(connection) as cursor:
-            step = driver(connection).claim_step(
-                connection,
-                cursor,
-                params,
-                lambda description, row: self._from_row(alias, description, row),
-            )
+
+        def write() -> WorkflowStep | None:
+            with hot_cursor(connection) as cursor:
+                return driver(connection).claim_step(
+                    connection,
+                    cursor,
+                    params,
+                    lambda description, row: self._from_row(alias, description, row),
+                )
+
+        step = retried(connection, write)
         if step is None:
             self._settle_unclaimed(run_id, step_name, rpc_name)
         return step

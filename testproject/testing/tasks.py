@@ -63,6 +63,12 @@ def note(context: TaskContext[..., Any], label: str) -> str:
     return label
 
 
+@task()
+def nap(ms: int) -> None:
+    """Waits ``ms`` milliseconds, writing nothing (as a task waiting on the network would)."""
+    time.sleep(ms / 1000)
+
+
 @task(takes_context=True)
 def slow(context: TaskContext[..., Any], ms: int) -> str:
     """Takes ``ms`` milliseconds; its start and end are recorded on the DB clock."""
