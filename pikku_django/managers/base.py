@@ -7,7 +7,7 @@ import time
 import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -15,6 +15,8 @@ from django.db.models import F, Model, Q
 
 from pikku_django.clock import sqlite_now_text
 from pikku_django.errors import LeaseInTransactionError, RaisedBaseExceptionError
+
+M = TypeVar("M", bound=Model)
 
 
 def ensure_autocommit(connection: BaseDatabaseWrapper) -> None:
@@ -255,6 +257,36 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
         return False
     options = connection.settings_dict.get("OPTIONS", {})
     return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+def model_from_row(model: type[M], alias: str, description: Any, row: tuple[Any, ...]) -> M:
+    """An instance of ``model`` from a ``RETURNING *`` (or ``SELECT *``) row, converted as the ORM would."""
+    connection = connections[alias]
+    names = [column[0] for column in description]
+    by_column = {field.column: field for field in model._meta.concrete_fields}
+    values: dict[str, Any] = {}
+    for name, value in zip(names, row, strict=True):
+        field = by_column[name]
+        col = field.cached_col
+        converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        for converter in converters:
+            value = converter(value, col, connection)
+        values[field.attname] = value
+    # from_db takes the values in the model's field order, whatever the table's column order.
+    fields = [f.attname for f in model._meta.concrete_fields if f.attname in values]
+    return model.from_db(alias, fields, [values[name] for name in fields])
+
+
+def read_models(model: type[M], alias: str, name: str, params: dict[str, Any]) -> list[M]:
+    """The rows of the read ``name`` (``sql.STATEMENTS``) as instances of ``model``."""
+    from pikku_django import sql
+
+    connection = connections[alias]
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql.statement(name, connection), params)
+        rows = cursor.fetchall()
+        description = cursor.description
+    return [model_from_row(model, alias, description, row) for row in rows]
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from django.db import connections, transaction
 from pikku_django.clock import DbNowMs
 from pikku_django.errors import StepSupersededError
 from pikku_django.managers.attempts import PreparedFinish
-from pikku_django.managers.base import ensure_autocommit, hot_cursor
+from pikku_django.managers.base import ensure_autocommit, hot_cursor, model_from_row
 from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
@@ -141,17 +141,18 @@ def _take_within(
     from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
     connection = connections[alias]
-    runs = WorkflowRun.objects.using(alias)
-    if not driver(connection).take_run(connection, cursor, params):
+    taken = driver(connection).take_run(connection, cursor, params)
+    if taken is None:
         return Take(False)
     key = WorkflowRun(pk=run_id).lease_key
     lease = Lease.objects.db_manager(alias).acquire_within(key, holder, params["ttl_ms"])
     if lease is None:
         # Held elsewhere: look again a little later (as a pass that meets it does).
+        runs = WorkflowRun.objects.using(alias)
         runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
         return Take(True)
-    # Read once, after the take (the due query reads only ids).
-    run = runs.filter(pk=run_id).first()
+    # As the take left it (the due query reads only ids).
+    run = model_from_row(WorkflowRun, alias, *taken)
     claimed: dict[str, int] = {}
     step = None if run is None or first_step is None else first_step(run)
     if step is not None:

@@ -19,7 +19,15 @@ from pikku_django.errors import (
     StepSupersededError,
 )
 from pikku_django.managers.attempts import StepAttemptsMixin
-from pikku_django.managers.base import SPENT, ensure_autocommit, hot_cursor, now_params, serialize_error
+from pikku_django.managers.base import (
+    SPENT,
+    ensure_autocommit,
+    hot_cursor,
+    model_from_row,
+    now_params,
+    read_models,
+    serialize_error,
+)
 from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
 
@@ -169,7 +177,7 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                     connection,
                     cursor,
                     params,
-                    lambda description, row: self._from_row(alias, description, row),
+                    lambda description, row: model_from_row(self.model, alias, description, row),
                 )
 
         step = retried(connection, write)
@@ -177,22 +185,11 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             self._settle_unclaimed(run_id, step_name, rpc_name)
         return step
 
-    def _from_row(self, alias: str, description: Any, row: tuple[Any, ...]) -> WorkflowStep:
-        """A step from a ``RETURNING *`` row, its values converted as the ORM would."""
-        connection = connections[alias]
-        names = [column[0] for column in description]
-        by_column = {field.column: field for field in self.model._meta.concrete_fields}
-        values: dict[str, Any] = {}
-        for name, value in zip(names, row, strict=True):
-            field = by_column[name]
-            col = field.cached_col
-            converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
-            for converter in converters:
-                value = converter(value, col, connection)
-            values[field.attname] = value
-        # from_db takes the values in the model's field order, whatever the table's column order.
-        fields = [f.attname for f in self.model._meta.concrete_fields if f.attname in values]
-        return self.model.from_db(alias, fields, [values[name] for name in fields])
+    def of_run(self, run_id: Any) -> list[WorkflowStep]:
+        """Every step of the run ``run_id``, in one prepared read (a pass's replay reads them so)."""
+        alias = self.db
+        run_id = self.model._meta.get_field("run").get_db_prep_value(run_id, connections[alias])
+        return read_models(self.model, alias, "steps_of_run", {"run_id": run_id})
 
     def _settle_unclaimed(self, run_id: Any, step_name: str, rpc_name: str) -> None:  # noqa: C901
         """

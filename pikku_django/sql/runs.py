@@ -3,8 +3,8 @@ A worker's take of a due run. Lanes woken together read the same due list
 and race for its first run; on PostgreSQL and MySQL/MariaDB the take skips a
 run another lane is taking (``SKIP LOCKED``) instead of waiting on its row
 lock, so a lane that loses writes nothing and goes on to its next candidate
-(issue 14). SQLite serialises writers anyway: its take stays the guarded
-UPDATE of the ORM (``managers.passes``).
+(issue 14). SQLite serialises writers anyway: its take is the guarded
+UPDATE alone. And the run's outcome, fenced to the run lease.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 #: transaction holds its row (``SKIP LOCKED``); then its ``wake_at`` moves to
 #: when the run lease would lapse and it is marked running. A skipped or
 #: changed row returns nothing, locks nothing and takes no transaction id
-#: (``pg_current_xact_id_if_assigned()`` stays NULL).
+#: (``pg_current_xact_id_if_assigned()`` stays NULL). A taken one returns the
+#: run as it is now, for the pass (no read after the take).
 POSTGRESQL_RUN_TAKE = """
 WITH picked AS (
     SELECT "id" FROM {run}
@@ -24,7 +25,7 @@ WITH picked AS (
 )
 UPDATE {run} AS r SET "wake_at" = {now} + %(ttl_ms)s::bigint, "status" = 'running'
 FROM picked WHERE r."id" = picked."id"
-RETURNING r."id"
+RETURNING r.*
 """
 
 #: MySQL/MariaDB cannot skip a locked row in an UPDATE: the take first locks
@@ -36,8 +37,65 @@ WHERE `id` = %(run_id)s AND `status` IN ('running', 'suspended') AND `wake_at` <
 FOR UPDATE SKIP LOCKED
 """
 
+#: SQLite's take: the same guard (``IS`` is the null-safe equality), and
+#: the run as it is now, for the pass (no read after the take).
+SQLITE_RUN_TAKE = """
+UPDATE {run} SET "wake_at" = {now} + %(ttl_ms)s, "status" = 'running'
+WHERE "id" = %(run_id)s AND "status" IN ('running', 'suspended') AND "wake_at" IS %(wake_at)s
+RETURNING *
+"""
+
+#: MySQL/MariaDB: the run as the take left it, read in the take's transaction.
+MYSQL_RUN_TAKEN = "SELECT * FROM {run} WHERE `id` = %(run_id)s"
+
+#: When a run was last written: an ended run's end, for its task's result.
+_RUN_UPDATED_AT = "SELECT {q}id{q}, {q}updated_at{q} FROM {run} WHERE {q}id{q} = %(run_id)s{uuid}"
+
+#: A top-level run's outcome, fenced to the pass's run lease (``managers.fence``;
+#: a NULL ``lease_key`` is a write outside a pass): only while the run is
+#: still active and the lease still this holder's and token's and live does it
+#: end. ``{sets}``: the outcome's columns (``run_outcome``).
+_RUN_FINISH = """
+UPDATE {run} SET {q}status{q} = %(status)s{text}, {q}wake_at{q} = NULL, {q}updated_at{q} = {now_dt}{sets}
+WHERE {q}id{q} = %(run_id)s{uuid} AND {q}status{q} IN ('running', 'suspended')
+    AND (%(lease_key)s{text} IS NULL OR EXISTS (SELECT 1 FROM {lease} l
+        WHERE l.{q}key{q} = %(lease_key)s{text} AND l.{q}holder{q} = %(lease_holder)s{text}
+        AND l.{q}token{q} = %(lease_token)s{int} AND l.{q}expires_at{q} > {now}))
+"""
+
+_TYPED = {"q": '"', "uuid": "::uuid", "text": "::varchar", "int": "::bigint", "json": "::jsonb"}
+_UNTYPED = {"uuid": "", "text": "", "int": "", "json": ""}
+
+
+def _run_finish(columns: tuple[str, ...], **marks: str) -> str:
+    """``_RUN_FINISH`` setting ``columns`` (JSON parameters of the same names), in one vendor's form."""
+    sets = "".join(f", {{q}}{column}{{q}} = %({column})s{{json}}" for column in columns)
+    text = _RUN_FINISH.replace("{sets}", sets)
+    for mark, value in marks.items():
+        text = text.replace("{" + mark + "}", value)
+    return text
+
+
+#: The outcome statements by the columns they set, sorted: a completion's
+#: error and output, a failure's error.
+RUN_OUTCOMES = {("error", "output"): "run_complete", ("error",): "run_fail"}
+
 #: The take statements by name and variant (see ``sql.STATEMENTS``).
 RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
-    "run_take": {"postgresql": POSTGRESQL_RUN_TAKE},
+    "run_take": {"postgresql": POSTGRESQL_RUN_TAKE, "sqlite": SQLITE_RUN_TAKE},
     "run_take_lock": {"mysql": MYSQL_RUN_TAKE_LOCK},
+    "run_taken": {"mysql": MYSQL_RUN_TAKEN},
+    "run_updated_at": {
+        "postgresql": _RUN_UPDATED_AT.replace("{q}", '"').replace("{uuid}", "::uuid"),
+        "sqlite": _RUN_UPDATED_AT.replace("{q}", '"').replace("{uuid}", ""),
+        "mysql": _RUN_UPDATED_AT.replace("{q}", "`").replace("{uuid}", ""),
+    },
+    **{
+        name: {
+            "postgresql": _run_finish(columns, **_TYPED),
+            "sqlite": _run_finish(columns, q='"', **_UNTYPED),
+            "mysql": _run_finish(columns, q="`", **_UNTYPED),
+        }
+        for columns, name in RUN_OUTCOMES.items()
+    },
 }

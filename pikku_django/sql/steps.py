@@ -106,8 +106,32 @@ VALUES (%(step_id)s, %(attempt)s, 'running', %(holder)s, {now_dt}, {now_dt})
 ON DUPLICATE KEY UPDATE `status` = 'running', `holder` = %(holder)s, `running_at` = {now_dt}
 """
 
+#: A pass's reads of a run's steps, and of a step's attempts in order with
+#: what a task's result needs of the step (columns ``step__*``): built once,
+#: where the ORM's would be built anew for every run. Typed for PostgreSQL's
+#: prepared statements.
+_STEPS_OF_RUN = "SELECT * FROM {step} WHERE {q}run_id{q} = %(run_id)s{uuid}"
+_ATTEMPTS_OF_STEP = """
+SELECT a.*, s.{q}id{q} AS {q}step__id{q}, s.{q}status{q} AS {q}step__status{q},
+    s.{q}attempt{q} AS {q}step__attempt{q}, s.{q}lease_expires_at{q} AS {q}step__lease_expires_at{q}
+FROM {attempt} a JOIN {step} s ON s.{q}id{q} = a.{q}step_id{q}
+WHERE s.{q}run_id{q} = %(run_id)s{uuid} AND s.{q}step_name{q} = %(step_name)s{text}
+ORDER BY a.{q}attempt{q}
+"""
+
+
+def _reads(template: str) -> dict[str, str | tuple[str, ...]]:
+    return {
+        "postgresql": template.replace("{q}", '"').replace("{uuid}", "::uuid").replace("{text}", "::varchar"),
+        "sqlite": template.replace("{q}", '"').replace("{uuid}", "").replace("{text}", ""),
+        "mysql": template.replace("{q}", "`").replace("{uuid}", "").replace("{text}", ""),
+    }
+
+
 #: The step statements by name and variant (see ``sql.STATEMENTS``).
 STEP_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "steps_of_run": _reads(_STEPS_OF_RUN),
+    "attempts_of_step": _reads(_ATTEMPTS_OF_STEP),
     "step_claim": {
         "postgresql": POSTGRESQL_STEP_CLAIM,
         "sqlite": SQLITE_STEP_CLAIM,

@@ -12,9 +12,11 @@ import sys
 from typing import Any
 
 from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, connections
 
-from pikku_django import validate
+from pikku_django import sql, validate
 from pikku_django.errors import StepLeaseExpiredError, TaskPathError, WorkerLostError
+from pikku_django.managers.base import hot_cursor, model_from_row
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 
@@ -147,13 +149,19 @@ def build_result(
 
 
 def read_result(task: Task[..., Any], backend: str, run: WorkflowRun, now_ms: int) -> TaskResult[..., Any]:
-    """Read the step and attempts of ``run`` (one query) and build its result."""
-    attempts = list(
-        WorkflowStepAttempt.objects.using(run._state.db)
-        .filter(step__run=run, step__step_name=TASK_STEP)
-        .select_related("step")
-        .order_by("attempt")
-    )
+    """Read the attempts of ``run``'s step with the step (one prepared read) and build its result."""
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    params = {
+        "run_id": WorkflowRun._meta.pk.get_db_prep_value(run.pk, connections[alias]),
+        "step_name": TASK_STEP,
+    }
+    with hot_cursor(connections[alias]) as cursor:
+        cursor.execute(sql.statement("attempts_of_step", connections[alias]), params)
+        rows, description = cursor.fetchall(), cursor.description
+    # The attempt's columns, then the step's (``step__*``).
+    split = next(i for i, column in enumerate(description) if column[0].startswith("step__"))
+    own, steps = description[:split], [(c[0].removeprefix("step__"), *c[1:]) for c in description[split:]]
+    attempts = [model_from_row(WorkflowStepAttempt, alias, own, row[:split]) for row in rows]
     # A step not yet claimed has no attempt row: it is READY, whatever else it says.
-    step = attempts[0].step if attempts else None
+    step = model_from_row(WorkflowStep, alias, steps, rows[0][split:]) if rows else None
     return build_result(task, backend, run, step, attempts, now_ms)

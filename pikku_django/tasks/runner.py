@@ -11,6 +11,8 @@ import copy
 import functools
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS, connections
+
 from pikku_django.conf import conf
 from pikku_django.errors import (
     InvalidArgumentError,
@@ -18,6 +20,7 @@ from pikku_django.errors import (
     WorkerAbortedError,
 )
 from pikku_django.managers import serialize_error
+from pikku_django.managers.base import read_models
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.tasks.compat import (
     TaskContext,
@@ -73,7 +76,10 @@ def _last_attempt(ctx: RunContext) -> bool:
 
 def _finished(task_result: Any, run: WorkflowRun, status: Any) -> Any:
     """A copy of ``task_result`` ended with ``status``; its ``finished_at`` is the run's, read back."""
-    finished_at = WorkflowRun.objects.using(run._state.db).values_list("updated_at", flat=True).get(pk=run.pk)
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    run_id = WorkflowRun._meta.pk.get_db_prep_value(run.pk, connections[alias])
+    (read,) = read_models(WorkflowRun, alias, "run_updated_at", {"run_id": run_id})
+    finished_at = read.updated_at
     done = copy.copy(task_result)
     object.__setattr__(done, "status", status)
     object.__setattr__(done, "finished_at", finished_at)

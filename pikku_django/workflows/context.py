@@ -83,7 +83,7 @@ class RunContext(FanOutMixin, WaitsMixin):
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
         # One read of every step: finished steps replay from here.
-        self._steps = {s.step_name: s for s in WorkflowStep.objects.using(using).filter(run=run)}
+        self._steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(using).of_run(run.pk)}
 
     @commits_held_outcome
     def step(

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.clock import DbNowMs
-from pikku_django.managers.base import ACTIVE_RUN_STATUSES, now_params
+from pikku_django.managers.base import now_params
 from pikku_django.managers.batches import one_transaction
 
 if TYPE_CHECKING:
@@ -36,21 +35,19 @@ class Driver:
 
     # -- runs -------------------------------------------------------------------------
 
-    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
+    def take_run(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
+    ) -> tuple[Any, tuple[Any, ...]] | None:
         """
         A worker's take of the due run ``run_id`` whose ``wake_at`` was read:
         moved to ``ttl_ms`` from now and marked running, guarded by the value
-        read; True if this lane took it. The guarded UPDATE: SQLite serialises
+        read; the run's row as the take left it (description, row) if this
+        lane took it, else None. SQLite's guarded UPDATE: SQLite serialises
         writers, so there is no other lane's lock to skip.
         """
-        from pikku_django.models import WorkflowRun
-
-        moved = (
-            WorkflowRun.objects.using(connection.alias)
-            .filter(pk=params["run_id"], status__in=ACTIVE_RUN_STATUSES, wake_at=params["wake_at"])
-            .update(wake_at=DbNowMs() + params["ttl_ms"], status="running")
-        )
-        return bool(moved)
+        cursor.execute(sql.statement("run_take", connection), params)
+        row = cursor.fetchone()
+        return None if row is None else (cursor.description, row)
 
     # -- steps ------------------------------------------------------------------------
 

@@ -18,11 +18,6 @@ if TYPE_CHECKING:
 
 
 class PostgreSQLDriver(Driver):
-    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> bool:
-        # One statement that skips a run another lane holds (sql.POSTGRESQL_RUN_TAKE).
-        cursor.execute(sql.statement("run_take", connection), params)
-        return cursor.fetchone() is not None
-
     def start_step(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
     ) -> bool:
