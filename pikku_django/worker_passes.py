@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -93,15 +93,20 @@ class WorkerPasses:
                 # More is due than this lane takes: wake one more idle lane
                 # for the next (which does the same), so a burst fans out.
                 wakeups.nudge()
-            for run_id, wake_at, queue in due:
-                if queue in full:
+            tried: set[Any] = set()
+            for index, (run_id, wake_at, queue) in enumerate(due):
+                if queue in full or run_id in tried:
                     continue
                 if not self._reserve():
                     return False
-                outcome = self.take_and_drive(run_id, wake_at, queue, holder, hold=hold)
+                alternates = _alternates(due[index + 1 :], full) if conf.concurrency(queue) is None else []
+                outcome = self.take_and_drive(
+                    run_id, wake_at, queue, holder, hold=hold, alternates=alternates
+                )
                 if outcome:
                     return True
                 self._unreserve()
+                tried.update(other for other, _ in alternates)
                 if outcome is None:
                     full.add(queue)
                     newly_full = True
@@ -168,19 +173,28 @@ class WorkerPasses:
             finish.alone()
 
     def take_and_drive(
-        self, run_id: Any, wake_at: int | None, queue: str, holder: str | None = None, *, hold: bool = False
+        self,
+        run_id: Any,
+        wake_at: int | None,
+        queue: str,
+        holder: str | None = None,
+        *,
+        hold: bool = False,
+        alternates: Sequence[tuple[Any, int | None]] = (),
     ) -> bool | None:
         """
         Drive one due run under a slot of its queue: True if it was driven,
         False if another lane took it first, None if every slot of its
-        queue is taken (the run stays due).
+        queue is taken (the run stays due). ``alternates``: due runs of
+        queues with no limit, taken instead in the same commit, in order,
+        if this one is not (``managers.passes.take_run``).
         """
         holder = holder or self.lane_holder(0)
         try:
             with queue_slot(queue, holder, using=self.using) as slot:
                 if not slot:
                     return None
-                took = self.take(run_id, wake_at, holder)
+                took = self.take(run_id, wake_at, holder, alternates=alternates)
                 if not took.taken:
                     return False
                 if took.lease is None:
@@ -198,7 +212,14 @@ class WorkerPasses:
             logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
             return True
 
-    def take(self, run_id: Any, wake_at: int | None, holder: str | None = None) -> Take:
+    def take(
+        self,
+        run_id: Any,
+        wake_at: int | None,
+        holder: str | None = None,
+        *,
+        alternates: Sequence[tuple[Any, int | None]] = (),
+    ) -> Take:
         """
         Claim one due run for a pass, with its run lease, in one commit
         (``managers.passes.take_run``): its ``wake_at`` moves to when the
@@ -210,11 +231,12 @@ class WorkerPasses:
         holder = holder or self.lane_holder(0)
         finish = self._held.pop(holder, None)
         args = (self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
+        take = functools.partial(take_run, *args, first_step=first_step_of, alternates=alternates)
         if finish is None:
-            return take_run(*args, first_step=first_step_of)
+            return take()
         try:
             # The lane's last outcome commits with this take.
-            return take_run(*args, first_step=first_step_of, finish=finish)
+            return take(finish=finish)
         except OUTAGE_ERRORS as error:
             if not is_conflict(error):
                 # Lost with the take: its step runs again once its leases lapse.
@@ -224,7 +246,7 @@ class WorkerPasses:
         except DatabaseError:
             logger.exception("A take with run %s's outcome failed; writing the outcome alone.", finish.run_id)
         finish.alone()
-        return take_run(*args, first_step=first_step_of)
+        return take()
 
     def drive(
         self,
@@ -266,6 +288,24 @@ class WorkerPasses:
 
         finish.then, finish.alone = logged, logged_alone
         self._held[holder] = finish
+
+
+#: How many due runs after the first a take may fall back on in its commit.
+ALTERNATES = 8
+
+
+def _alternates(due: list[tuple[Any, int | None, str]], full: set[str]) -> list[tuple[Any, int | None]]:
+    """
+    The due runs a take may take instead of the first, in order: up to the
+    first of a queue with a limit (whose slot must be held before its take)
+    or a queue found full, so that no run is taken ahead of one before it.
+    """
+    alternates: list[tuple[Any, int | None]] = []
+    for run_id, wake_at, queue in due[:ALTERNATES]:
+        if queue in full or conf.concurrency(queue) is not None:
+            break
+        alternates.append((run_id, wake_at))
+    return alternates
 
 
 def _log_pass(run: WorkflowRun) -> None:

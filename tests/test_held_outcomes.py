@@ -8,6 +8,9 @@ run lease passed on meanwhile is refused.
 
 from __future__ import annotations
 
+import uuid
+
+from django.db.models import F
 from django.test import TransactionTestCase
 
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
@@ -63,6 +66,27 @@ class HeldOutcomeTests(TransactionTestCase):
         result.refresh()
         assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
         assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_a_take_that_loses_its_run_to_another_lane_takes_the_next_in_the_same_commit(self) -> None:
+        first, second, third = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2), tasks.add.enqueue(3, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        due = worker.due()
+        assert [run_id for run_id, _, _ in due] == [uuid.UUID(second.id), uuid.UUID(third.id)]
+        # Another lane takes the second task between this lane's look and its take.
+        WorkflowRun.objects.filter(pk=second.id).update(wake_at=F("wake_at") + 60_000)
+        (run_id, wake_at, _), alternates = due[0], [(r, w) for r, w, _ in due[1:]]
+        with counting_commits() as counter:
+            took = worker.take(run_id, wake_at, holder, alternates=alternates)
+        # One commit: the first task's held outcome, the second's take refused, the third's taken.
+        assert counter.commits == 1, counter.report()
+        assert took.taken and took.run_id == uuid.UUID(third.id) and took.run is not None
+        assert took.run.pk == uuid.UUID(third.id) and took.lease is not None
+        first.refresh()
+        assert first.status == TaskResultStatus.SUCCESSFUL
+        assert WorkflowStep.objects.get(run_id=third.id).status == "running"
+        assert WorkflowStep.objects.get(run_id=second.id).status == "pending"
 
     def test_the_next_take_commits_the_held_outcome(self) -> None:
         first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)

@@ -261,20 +261,43 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
 
 def model_from_row(model: type[M], alias: str, description: Any, row: tuple[Any, ...]) -> M:
     """An instance of ``model`` from a ``RETURNING *`` (or ``SELECT *``) row, converted as the ORM would."""
+    names = tuple(column[0] for column in description)
     connection = connections[alias]
-    names = [column[0] for column in description]
+    fields, converters = _row_plan(model, alias, connection.vendor, names)
+    values = list(row)
+    for index, col, convert in converters:
+        value = values[index]
+        for converter in convert:
+            value = converter(value, col, connection)
+        values[index] = value
+    if fields is None:
+        return model.from_db(alias, [f.attname for f in model._meta.concrete_fields], values)
+    # from_db takes the values in the model's field order, whatever the table's column order.
+    by_name = dict(zip(names, values, strict=True))
+    return model.from_db(alias, [name for name, _ in fields], [by_name[column] for _, column in fields])
+
+
+@functools.lru_cache(maxsize=256)
+def _row_plan(
+    model: type[Model], alias: str, vendor: str, names: tuple[str, ...]
+) -> tuple[list[tuple[str, str]] | None, list[tuple[int, Any, list[Any]]]]:
+    """
+    For rows of columns ``names``: the fields in model order as (attname,
+    column), or None when the row is in that order already; and the
+    converters of each column that has any.
+    """
+    connection = connections[alias]
     by_column = {field.column: field for field in model._meta.concrete_fields}
-    values: dict[str, Any] = {}
-    for name, value in zip(names, row, strict=True):
+    converters = []
+    for index, name in enumerate(names):
         field = by_column[name]
         col = field.cached_col
-        converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
-        for converter in converters:
-            value = converter(value, col, connection)
-        values[field.attname] = value
-    # from_db takes the values in the model's field order, whatever the table's column order.
-    fields = [f.attname for f in model._meta.concrete_fields if f.attname in values]
-    return model.from_db(alias, fields, [values[name] for name in fields])
+        convert = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if convert:
+            converters.append((index, col, convert))
+    ordered = [(f.attname, f.column) for f in model._meta.concrete_fields if f.column in names]
+    in_order = len(names) == len(model._meta.concrete_fields) and [c for _, c in ordered] == list(names)
+    return (None if in_order else ordered), converters
 
 
 def read_models(model: type[M], alias: str, name: str, params: dict[str, Any]) -> list[M]:

@@ -23,7 +23,7 @@ one the server rolled back for a conflict with another lane is sent again
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +60,8 @@ class Take:
     lease: Lease | None = None
     run: WorkflowRun | None = None
     claimed: dict[str, int] = field(default_factory=dict)
+    #: The run taken: the one asked for, or one of the alternates.
+    run_id: Any = None
 
 
 @contextmanager
@@ -89,6 +91,7 @@ def take_run(
     *,
     first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
     finish: HeldFinish | None = None,
+    alternates: Sequence[tuple[Any, int | None]] = (),
 ) -> Take:
     """
     Take a due run for a pass, in one commit: move its ``wake_at`` to when
@@ -108,18 +111,28 @@ def take_run(
     ``finish``: the outcome of the lane's last pass, held for this commit
     (``HeldFinish``): written first, each write with its own guard, so a lane
     that goes from run to run pays one commit per run.
+
+    ``alternates``: more due runs, as (id, wake_at), tried in order in the
+    same transaction while the ones before were not taken (another lane
+    took them, or is taking them): the lanes woken together race for the
+    first due run, and the losers take the next in the same commit.
     """
     from pikku_django.models import WorkflowRun
 
     connection = connections[alias]
     ensure_autocommit(connection)
-    params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection), "wake_at": wake_at}
+    to_db = WorkflowRun._meta.pk.get_db_prep_value
+    candidates = [(run_id, wake_at), *alternates]
 
     def write() -> tuple[tuple[bool, bool | None] | None, Take]:
         with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
             written = None if finish is None else finish.write_within()
-            params_ttl = {**params, "ttl_ms": ttl_ms}
-            take = _take_within(alias, cursor, run_id, params_ttl, holder, retry_ms, first_step)
+            take = Take(False)
+            for candidate, read_wake_at in candidates:
+                params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
+                take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
+                if take.taken:
+                    break
         return written, take
 
     written, take = retried(connection, write)
@@ -143,14 +156,14 @@ def _take_within(
     connection = connections[alias]
     taken = driver(connection).take_run(connection, cursor, params)
     if taken is None:
-        return Take(False)
+        return Take(False, run_id=run_id)
     key = WorkflowRun(pk=run_id).lease_key
     lease = Lease.objects.db_manager(alias).acquire_within(key, holder, params["ttl_ms"])
     if lease is None:
         # Held elsewhere: look again a little later (as a pass that meets it does).
         runs = WorkflowRun.objects.using(alias)
         runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
-        return Take(True)
+        return Take(True, run_id=run_id)
     # As the take left it (the due query reads only ids).
     run = model_from_row(WorkflowRun, alias, *taken)
     claimed: dict[str, int] = {}
@@ -161,7 +174,7 @@ def _take_within(
         )
         if attempt is not None:
             claimed[step.name] = attempt
-    return Take(True, lease, run, claimed)
+    return Take(True, lease, run, claimed, run_id)
 
 
 def finish_pass(
