@@ -20,29 +20,25 @@ from pikku_django import validate, wakeups
 from pikku_django.errors import (
     DatabaseUnavailableError,
     InvalidArgumentError,
-    LeaseLostError,
-    LeaseTakenError,
     WorkerAbortedError,
     WorkerNameTakenError,
 )
-from pikku_django.leases import default_holder, hold_lease
+from pikku_django.leases import default_holder
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers.base import write_alias
+from pikku_django.managers.names import NameLock
 from pikku_django.managers.passes import HeldFinish
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.schedules import tick
 from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watcher
-from pikku_django.worker_loops import Lane, SchedulerLoop, SweepLoop
+from pikku_django.worker_loops import Lane, NameLoop, SchedulerLoop, SweepLoop
 from pikku_django.worker_passes import WorkerPasses
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Lane", "Worker", "WorkerNameTakenError", "refresh_connections"]
-
-#: The lease that makes a worker's name its own while it runs.
-WORKER_LEASE_PREFIX = "worker:"
 
 
 class Worker(WorkerPasses):
@@ -94,6 +90,8 @@ class Worker(WorkerPasses):
         # Each lane's outcome kept for its next take, by lane holder (``drive_next``'s ``hold``).
         self._held: dict[str, HeldFinish] = {}
         self._signals = 0
+        # The lock on this worker's name, once taken (``run``).
+        self.name_lock: NameLock | None = None
 
     def lane_interval(self) -> float:
         """
@@ -145,6 +143,8 @@ class Worker(WorkerPasses):
         ``watchers`` loop).
         """
         beside: list[Poller] = []
+        if not self.once and self.name_lock is not None:
+            beside.append(NameLoop(self, self.name_lock))
         if self.sweep_interval is not None:
             beside.append(SweepLoop(self))
         if self.schedules and not self.once:
@@ -164,27 +164,23 @@ class Worker(WorkerPasses):
         for like any outage; one that is not migrated is an error at once.
         """
         self.thread = threading.current_thread()
-        try:
-            with ExitStack() as stack:
-                if self._take_name(stack):
-                    self._run()
-        except LeaseLostError:
-            logger.warning("Worker %s lost the lease on its name.", self.holder)
+        with ExitStack() as stack:
+            if self._take_name(stack):
+                self._run()
         return self.passes
 
     def _take_name(self, stack: ExitStack) -> bool:
         """
-        The lease on this worker's name (``worker:NAME``): a second live worker
-        under it would share every lease with this one, so it refuses to start.
-        False if the worker was stopped while it waited for the database.
+        The lock on this worker's name (``managers.names``): a second live
+        worker under it would share every lease with this one, so it refuses
+        to start. False if the worker was stopped while it waited for the
+        database.
         """
         outage = Outage(f"Worker {self.holder}")
+        lock = NameLock(self.using, self.holder)
         while True:
-            lease = hold_lease(WORKER_LEASE_PREFIX + self.holder, holder=default_holder(), using=self.using)
             try:
-                lease.__enter__()
-            except LeaseTakenError:
-                raise WorkerNameTakenError(self.holder) from None
+                taken = lock.acquire()
             except OUTAGE_ERRORS as error:
                 raise_if_not_migrated(error)
                 delay = outage.failed(error)
@@ -196,8 +192,11 @@ class Worker(WorkerPasses):
             except DatabaseError as error:
                 raise_if_not_migrated(error)
                 raise
+            if not taken:
+                raise WorkerNameTakenError(self.holder)
             outage.succeeded()
-            stack.push(lease)
+            stack.callback(lock.release)
+            self.name_lock = lock
             return True
 
     def _run(self) -> None:

@@ -19,6 +19,7 @@ from pikku_django.outages import ONCE_GIVES_UP_AFTER_S
 from pikku_django.schedules import tick_until_next
 
 if TYPE_CHECKING:
+    from pikku_django.managers.names import NameLock
     from pikku_django.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,37 @@ class Lane(Poller):
         # The worker's own thread keeps its connections (a caller's, in tests).
         if threading.current_thread() is not self.worker.thread:
             super().teardown()
+
+
+#: Seconds between two checks that the worker's name lock still has its session.
+NAME_CHECK_S = 30.0
+
+
+class NameLoop(Poller):
+    """
+    Keeps the lock on the worker's name (``managers.names``): every
+    ``NAME_CHECK_S`` one cheap read on the lock's own connection; a session
+    a server restart ended is opened again and the lock taken again. If
+    another worker took the name meanwhile, this worker stops.
+    """
+
+    wakes = False
+    interval = NAME_CHECK_S
+
+    def __init__(self, worker: Worker, lock: NameLock) -> None:
+        super().__init__("pikku-name", stop=worker.stopping)
+        self.worker = worker
+        self.lock = lock
+
+    def poll(self) -> bool:
+        if self.lock.holds():
+            return False
+        if self.lock.acquire():
+            logger.info("Worker %s holds its name again.", self.worker.holder)
+            return False
+        logger.error("Worker %s lost its name to another worker; stopping.", self.worker.holder)
+        self.worker.stop()
+        return False
 
 
 class SweepLoop(Poller):
