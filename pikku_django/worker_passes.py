@@ -23,7 +23,7 @@ from pikku_django.loops import refresh_connections
 from pikku_django.managers.conflicts import is_conflict
 from pikku_django.managers.passes import HeldFinish, Take, take_run
 from pikku_django.managers.runs import WorkflowRunQuerySet
-from pikku_django.models import Lease, WorkflowRun
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
 from pikku_django.workflows.context import RETRY_SOON_MS
@@ -205,7 +205,9 @@ class WorkerPasses:
                 # A queue's slot is let go at the end of this block: its run's
                 # outcome must have committed by then.
                 keeps = hold and conf.concurrency(queue) is None
-                self.drive(took.run, holder, lease=took.lease, claimed=took.claimed, hold=keeps)
+                self.drive(
+                    took.run, holder, lease=took.lease, claimed=took.claimed, hold=keeps, steps=took.steps
+                )
                 return True
         except LeaseLostError:
             # The pass is over; its writes were fenced by their own leases.
@@ -256,12 +258,15 @@ class WorkerPasses:
         lease: Lease | None = None,
         claimed: dict[str, int] | None = None,
         hold: bool = False,
+        steps: list[WorkflowStep] | None = None,
     ) -> None:
         run_id = run.pk
         holder = holder or self.lane_holder(0)
         keep = functools.partial(self._keep, holder, run) if hold else None
         try:
-            run = drive_run(run, holder=holder, stop=self.stopping, lease=lease, claimed=claimed, hold=keep)
+            run = drive_run(
+                run, holder=holder, stop=self.stopping, lease=lease, claimed=claimed, hold=keep, steps=steps
+            )
         except OUTAGE_ERRORS:
             # The lane waits the outage out; the run is due again when its lease lapses.
             raise

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pikku_django.leases import HeldLease
-    from pikku_django.models import Lease, WorkflowRun
+    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
     from pikku_django.workflows.registry import FirstStep
 
 
@@ -62,6 +62,8 @@ class Take:
     claimed: dict[str, int] = field(default_factory=dict)
     #: The run taken: the one asked for, or one of the alternates.
     run_id: Any = None
+    #: Every step of the run, when the take claimed the only one (``FirstStep.only``); else None.
+    steps: list[WorkflowStep] | None = None
 
 
 @contextmanager
@@ -168,13 +170,22 @@ def _take_within(
     run = model_from_row(WorkflowRun, alias, *taken)
     claimed: dict[str, int] = {}
     step = None if run is None or first_step is None else first_step(run)
-    if step is not None:
-        attempt = WorkflowStep.objects.db_manager(alias).claim_attempt(
+    if step is None:
+        return Take(True, lease, run, claimed, run_id)
+    steps = WorkflowStep.objects.db_manager(alias)
+    if not step.only:
+        attempt = steps.claim_attempt(
             run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True
         )
         if attempt is not None:
             claimed[step.name] = attempt
-    return Take(True, lease, run, claimed, run_id)
+        return Take(True, lease, run, claimed, run_id)
+    # The run's only step, read back by its claim: the pass reads no step.
+    row = steps.claim(run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True)
+    if row is None:
+        return Take(True, lease, run, claimed, run_id)
+    claimed[step.name] = row.attempt
+    return Take(True, lease, run, claimed, run_id, [row])
 
 
 def finish_pass(

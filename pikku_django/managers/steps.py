@@ -149,7 +149,14 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         ).save(force_insert=True, using=self._write_db())
 
     def claim(
-        self, run_id: Any, step_name: str, rpc_name: str, lease_ms: int, *, holder: str | None = None
+        self,
+        run_id: Any,
+        step_name: str,
+        rpc_name: str,
+        lease_ms: int,
+        *,
+        holder: str | None = None,
+        within: bool = False,
     ) -> WorkflowStep | None:
         """
         Take the step to run it under a fresh lease of ``lease_ms``; None when
@@ -157,7 +164,9 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         whose worker vanished on its last attempt is failed here, and its run
         woken. A different ``rpc_name`` raises ``StepFunctionMismatchError``.
         ``holder`` (the worker's name) is written on the attempt's history row
-        by the claim itself.
+        by the claim itself. ``within=True``: statements of the caller's
+        transaction (a worker's take), and a refused claim is not settled
+        here (see ``claim_attempt``).
         """
         params = {
             "step_name": validate.name("step_name", step_name),
@@ -167,7 +176,8 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         }
         alias = self._write_db()
         connection = connections[alias]
-        ensure_autocommit(connection)
+        if not within:
+            ensure_autocommit(connection)
         params["run_id"] = self.model._meta.get_field("run").get_db_prep_value(run_id, connection)
         params.update(now_params(connection))
 
@@ -178,10 +188,11 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
                     cursor,
                     params,
                     lambda description, row: model_from_row(self.model, alias, description, row),
+                    within=within,
                 )
 
-        step = retried(connection, write)
-        if step is None:
+        step = retried(connection, write, within=within)
+        if step is None and not within:
             self._settle_unclaimed(run_id, step_name, rpc_name)
         return step
 

@@ -138,7 +138,8 @@ def _first_step(run: WorkflowRun) -> FirstStep | None:
     except InvalidArgumentError:
         # The pass fails the run for it, and the step is never claimed.
         return None
-    return FirstStep(TASK_STEP, task.module_path, conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms))
+    lease = conf.STEP_LEASE_MS if lease_ms is None else int(lease_ms)
+    return FirstStep(TASK_STEP, task.module_path, lease, only=True)
 
 
 @workflow(TASK_WORKFLOW, internal=True, first_step=_first_step)

@@ -59,6 +59,7 @@ class RunContext(FanOutMixin, WaitsMixin):
         stop: threading.Event | None = None,
         fence: RunFence | None = None,
         claimed: dict[str, int] | None = None,
+        steps: list[WorkflowStep] | None = None,
     ) -> None:
         self.run = run
         self.run_id = run.pk
@@ -82,8 +83,10 @@ class RunContext(FanOutMixin, WaitsMixin):
         self.hold: Callable[[HeldFinish], None] | None = None
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
-        # One read of every step: finished steps replay from here.
-        self._steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(using).of_run(run.pk)}
+        # One read of every step (or every step as the take read them): finished steps replay from here.
+        if steps is None:
+            steps = WorkflowStep.objects.db_manager(using).of_run(run.pk)
+        self._steps = {s.step_name: s for s in steps}
 
     @commits_held_outcome
     def step(

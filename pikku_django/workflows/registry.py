@@ -32,6 +32,8 @@ class FirstStep:
     name: str
     rpc_name: str
     lease_ms: int
+    #: The run has no other step: the step claimed is every step a pass replays.
+    only: bool = False
 
 
 #: Per workflow, what names its first step from the run (``workflow(first_step=...)``).

@@ -29,7 +29,7 @@ from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, se
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.passes import HeldFinish, finish_pass
-from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun
+from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
@@ -139,13 +139,15 @@ def drive_run(
     lease: Lease | None = None,
     claimed: dict[str, int] | None = None,
     hold: Callable[[HeldFinish], None] | None = None,
+    steps: list[WorkflowStep] | None = None,
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
     pass, without reading the run before or after. Returns ``run``, with the
     outcome when this pass recorded one (status, output, error). ``lease``:
     the run lease, when the take acquired it in its own commit; ``claimed``:
-    the steps that take claimed (name to attempt), which the pass runs.
+    the steps that take claimed (name to attempt), which the pass runs;
+    ``steps``: every step of the run, when the take read them (its only one).
     ``hold``: a lane's, to keep the outcome of a run with no parent for its
     next take (``HeldFinish``); the run is then returned before its outcome
     is written.
@@ -178,7 +180,9 @@ def drive_run(
                 # A wait that timed out (or a wake that raced the suspension): drive it.
                 runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
                 run.status = "running"
-            ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed)
+            ctx = RunContext(
+                run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed, steps=steps
+            )
             ctx.hold = hold
             try:
                 _drive(run, fn, ctx, fence)

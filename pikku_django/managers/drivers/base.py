@@ -107,9 +107,14 @@ class Driver:
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
+        *,
+        within: bool = False,
     ) -> WorkflowStep | None:
-        """``claim()``'s guarded UPDATE and its history row: the claimed step, or None."""
-        with one_transaction(connection, cursor):
+        """
+        ``claim()``'s guarded UPDATE and its history row: the claimed step, or
+        None. ``within``: in the caller's transaction.
+        """
+        with nullcontext() if within else one_transaction(connection, cursor):
             cursor.execute(sql.statement("step_claim", connection), params)
             row = cursor.fetchone()
             if row is None:

@@ -91,10 +91,12 @@ class MySQLDriver(Driver):
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
+        *,
+        within: bool = False,
     ) -> WorkflowStep | None:
         # The claim, its read-back and its history row in one transaction and one round trip.
         names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
-        _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params)
+        _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params, within=within)
         return from_row(description, rows[0]) if rows else None
 
     def write_finish(

@@ -45,6 +45,8 @@ class PostgreSQLDriver(Driver):
         cursor: Any,
         params: dict[str, Any],
         from_row: StepFromRow,
+        *,
+        within: bool = False,
     ) -> WorkflowStep | None:
         # The claim and its history row are one statement (sql.POSTGRESQL_STEP_CLAIM).
         cursor.execute(sql.statement("step_claim", connection), params)
