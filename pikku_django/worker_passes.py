@@ -20,6 +20,7 @@ from pikku_django import wakeups
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
 from pikku_django.loops import refresh_connections
+from pikku_django.managers.base import hot_cursor
 from pikku_django.managers.conflicts import is_conflict
 from pikku_django.managers.passes import HeldFinish, Take, take_run
 from pikku_django.managers.runs import WorkflowRunQuerySet
@@ -148,7 +149,9 @@ class WorkerPasses:
         if statement is None:
             sql, params = self.due_rows(limit).query.get_compiler(using=self.using).as_sql()
             statement = self._due_statements[limit] = (sql, tuple(params))
-        with connections[self.using].cursor() as cursor:
+        # Prepared on PostgreSQL, as the pass's statements are: planning it
+        # costs the server more than running it.
+        with hot_cursor(connections[self.using]) as cursor:
             cursor.execute(*statement)
             rows = cursor.fetchall()
         to_python = WorkflowRun._meta.pk.to_python
