@@ -28,13 +28,21 @@ FROM picked WHERE r."id" = picked."id"
 RETURNING r.*
 """
 
-#: MySQL/MariaDB cannot skip a locked row in an UPDATE: the take first locks
-#: the run under the same guard (``<=>`` is the null-safe equality), skipping
-#: a row another lane holds, and updates it only if it got it.
+#: MySQL/MariaDB cannot skip a locked row in an UPDATE, and have no
+#: RETURNING: the take locks the run under the same guard (``<=>`` is the
+#: null-safe equality) into a session variable, skipping a row another lane
+#: holds (the variable stays NULL), moves only the run it got, and reads it
+#: back, in one round trip (``drivers.MySQLDriver.take_run``). A skipped run
+#: makes the UPDATE match nothing at once (``id = NULL``), without waiting.
+MYSQL_RUN_TAKE_RESET = "SET @pikku_take = NULL"
 MYSQL_RUN_TAKE_LOCK = """
-SELECT `id` FROM {run}
+SELECT `id` INTO @pikku_take FROM {run}
 WHERE `id` = %(run_id)s AND `status` IN ('running', 'suspended') AND `wake_at` <=> %(wake_at)s
 FOR UPDATE SKIP LOCKED
+"""
+MYSQL_RUN_TAKE_MOVE = """
+UPDATE {run} SET `wake_at` = {now} + %(ttl_ms)s, `status` = 'running'
+WHERE `id` = @pikku_take AND `status` IN ('running', 'suspended') AND `wake_at` <=> %(wake_at)s
 """
 
 #: SQLite's take: the same guard (``IS`` is the null-safe equality), and
@@ -45,8 +53,8 @@ WHERE "id" = %(run_id)s AND "status" IN ('running', 'suspended') AND "wake_at" I
 RETURNING *
 """
 
-#: MySQL/MariaDB: the run as the take left it, read in the take's transaction.
-MYSQL_RUN_TAKEN = "SELECT * FROM {run} WHERE `id` = %(run_id)s"
+#: MySQL/MariaDB: the run as the take left it, in the take's round trip.
+MYSQL_RUN_TAKEN = "SELECT * FROM {run} WHERE `id` = @pikku_take"
 
 #: When a run was last written: an ended run's end, for its task's result.
 _RUN_UPDATED_AT = "SELECT {q}id{q}, {q}updated_at{q} FROM {run} WHERE {q}id{q} = %(run_id)s{uuid}"
@@ -54,15 +62,18 @@ _RUN_UPDATED_AT = "SELECT {q}id{q}, {q}updated_at{q} FROM {run} WHERE {q}id{q} =
 #: A top-level run's outcome, fenced to the pass's run lease (``managers.fence``;
 #: a NULL ``lease_key`` is a write outside a pass): only while the run is
 #: still active and the lease still this holder's and token's and live does it
-#: end. ``{sets}``: the outcome's columns (``run_outcome``).
+#: end. ``{sets}``: the outcome's columns (``run_outcome``). Where the vendor
+#: can, it returns the end it stored (``updated_at``): a task's
+#: ``task_finished`` reports it with no read after the commit.
 _RUN_FINISH = """
 UPDATE {run} SET {q}status{q} = %(status)s{text}, {q}wake_at{q} = NULL, {q}updated_at{q} = {now_dt}{sets}
 WHERE {q}id{q} = %(run_id)s{uuid} AND {q}status{q} IN ('running', 'suspended')
     AND (%(lease_key)s{text} IS NULL OR EXISTS (SELECT 1 FROM {lease} l
         WHERE l.{q}key{q} = %(lease_key)s{text} AND l.{q}holder{q} = %(lease_holder)s{text}
         AND l.{q}token{q} = %(lease_token)s{int} AND l.{q}expires_at{q} > {now}))
-"""
+{returning}"""
 
+_RETURNING_END = 'RETURNING "updated_at"\n'
 _TYPED = {"q": '"', "uuid": "::uuid", "text": "::varchar", "int": "::bigint", "json": "::jsonb"}
 _UNTYPED = {"uuid": "", "text": "", "int": "", "json": ""}
 
@@ -83,7 +94,9 @@ RUN_OUTCOMES = {("error", "output"): "run_complete", ("error",): "run_fail"}
 #: The take statements by name and variant (see ``sql.STATEMENTS``).
 RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "run_take": {"postgresql": POSTGRESQL_RUN_TAKE, "sqlite": SQLITE_RUN_TAKE},
+    "run_take_reset": {"mysql": MYSQL_RUN_TAKE_RESET},
     "run_take_lock": {"mysql": MYSQL_RUN_TAKE_LOCK},
+    "run_take_move": {"mysql": MYSQL_RUN_TAKE_MOVE},
     "run_taken": {"mysql": MYSQL_RUN_TAKEN},
     "run_updated_at": {
         "postgresql": _RUN_UPDATED_AT.replace("{q}", '"').replace("{uuid}", "::uuid"),
@@ -92,9 +105,9 @@ RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
     },
     **{
         name: {
-            "postgresql": _run_finish(columns, **_TYPED),
-            "sqlite": _run_finish(columns, q='"', **_UNTYPED),
-            "mysql": _run_finish(columns, q="`", **_UNTYPED),
+            "postgresql": _run_finish(columns, **_TYPED, returning=_RETURNING_END),
+            "sqlite": _run_finish(columns, q='"', **_UNTYPED, returning=_RETURNING_END),
+            "mysql": _run_finish(columns, q="`", **_UNTYPED, returning=""),
         }
         for columns, name in RUN_OUTCOMES.items()
     },

@@ -12,9 +12,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from pikku_django import sql
-from pikku_django.clock import DbNowMs
-from pikku_django.managers.base import ACTIVE_RUN_STATUSES
 from pikku_django.managers.batches import batch
 from pikku_django.managers.drivers.base import Driver, StepFromRow, done_params
 
@@ -26,22 +23,13 @@ class MySQLDriver(Driver):
     def take_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
     ) -> tuple[Any, tuple[Any, ...]] | None:
-        # Lock the run unless another lane holds it (sql.MYSQL_RUN_TAKE_LOCK),
-        # then move it under the same guard, and read it back: no RETURNING.
-        from pikku_django.models import WorkflowRun
-
-        cursor.execute(sql.statement("run_take_lock", connection), params)
-        if cursor.fetchone() is None:
+        # Lock the run unless another lane holds it, move it under the same
+        # guard and read it back, in one round trip (sql.MYSQL_RUN_TAKE_LOCK).
+        names = ["run_take_reset", "run_take_lock", "run_take_move", "run_taken"]
+        _, _, (moved, *_), (_, _, rows, description) = batch(connection, cursor, names, params, within=True)
+        if moved != 1 or not rows:
             return None
-        moved = (
-            WorkflowRun.objects.using(connection.alias)
-            .filter(pk=params["run_id"], status__in=ACTIVE_RUN_STATUSES, wake_at=params["wake_at"])
-            .update(wake_at=DbNowMs() + params["ttl_ms"], status="running")
-        )
-        if not moved:
-            return None
-        cursor.execute(sql.statement("run_taken", connection), params)
-        return cursor.description, cursor.fetchone()
+        return description, rows[0]
 
     def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
         # Rows matched; the expiry rides in LAST_INSERT_ID.
