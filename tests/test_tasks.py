@@ -72,6 +72,7 @@ class Signals:
         self.active_errors: list[BaseException | None] = []
         self.committed: list[str] = []
         self.finished: list[Any] = []
+        self.started: list[Any] = []
 
     def __enter__(self) -> Signals:
         for signal in (task_enqueued, task_started, task_finished):
@@ -88,6 +89,8 @@ class Signals:
         assert sender is PikkuTaskBackend
         name = {id(task_enqueued): "enqueued", id(task_started): "started", id(task_finished): "finished"}
         self.seen.append((name[id(signal)], str(task_result.status), task_result.attempts))
+        if signal is task_started:
+            self.started.append(task_result)
         if signal is task_finished:
             self.active_errors.append(sys.exc_info()[1])
             self.committed.append(committed_status(task_result.id))
@@ -139,6 +142,26 @@ class EnqueueTests(TransactionTestCase):
         assert result.enqueued_at <= result.started_at <= result.finished_at
         assert result.last_attempted_at == result.started_at
         assert WorkflowStep.objects.get(run_id=result.id).rpc_name == "testproject.testing.tasks.add"
+
+    def test_the_signals_report_the_start_and_end_as_stored(self) -> None:
+        # The first attempt's start is built from the step its claim read
+        # back, and the end from what the outcome's statement stored: the
+        # same moments, to the microsecond, as the stored result gives.
+        results = [tasks.add.enqueue(1, 2), tasks.flaky.enqueue(succeed_on=2)]
+        with Signals() as signals:
+            drain("w-3")
+        stored = [task_backends["default"].get_result(r.id) for r in results]
+        first = next(r for r in signals.started if r.id == results[0].id)
+        assert (first.started_at, first.last_attempted_at) == (stored[0].started_at,) * 2
+        assert (first.worker_ids, first.errors, first.attempts) == (["w-3"], [], 1)
+        again = [r for r in signals.started if r.id == results[1].id]
+        assert [r.attempts for r in again] == [1, 2]
+        assert again[1].started_at == stored[1].started_at
+        assert again[1].last_attempted_at == stored[1].last_attempted_at
+        assert [e.exception_class_path for e in again[1].errors] == ["builtins.RuntimeError"]
+        ends = {r.id: r.finished_at for r in signals.finished}
+        assert ends == {r.id: r.finished_at for r in stored}
+        assert all(r.finished_at is not None for r in stored)
 
     def test_raising_task_is_failed_with_its_error_class_and_traceback(self) -> None:
         result = tasks.explode.enqueue("boom")

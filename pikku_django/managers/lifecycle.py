@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.db.models import Q
@@ -28,6 +28,7 @@ from pikku_django.managers.base import (
     batched,
     hot_cursor,
     make_way_for_writers,
+    model_from_row,
     now_params,
     serialize_error,
     take_write_lock,
@@ -35,6 +36,9 @@ from pikku_django.managers.base import (
 from pikku_django.managers.fence import UNFENCED, RunFence
 from pikku_django.sql.runs import RUN_OUTCOMES
 from pikku_django.wakeups import work_due
+
+if TYPE_CHECKING:
+    from pikku_django.models import WorkflowRun
 
 #: Step statuses that an ended run's steps are fenced out of: a running step
 #: (leased or parked on a child) and a sleep or wait in progress. Moving them
@@ -54,6 +58,7 @@ def finish_run(
     *,
     parent_id: Any = UNKNOWN,
     fence: RunFence | None = None,
+    into: WorkflowRun | None = None,
     **fields: Any,
 ) -> bool:
     """
@@ -61,7 +66,9 @@ def finish_run(
     a wake may have raced the pass) and, in the same transaction, hand it to
     the parent step parked on it (if any). Given the pass's ``fence``, only
     while its run lease holds. A caller that knows the run's ``parent_id``
-    (None for a top-level run) saves a read.
+    (None for a top-level run) saves a read. ``into``: the pass's instance
+    of the run, given the end stored (``stored_end``) where the statement
+    returns it.
     """
     from pikku_django.models import WorkflowRun
 
@@ -69,7 +76,7 @@ def finish_run(
     # outcome is one statement in autocommit, not a transaction around it.
     name = None if parent_id is not None else RUN_OUTCOMES.get(tuple(sorted(fields)))
     if name is not None:
-        return _finish_top_level(alias, name, run_id, status, fence, fields)
+        return _finish_top_level(alias, name, run_id, status, fence, fields, into)
     finished = WorkflowRun.objects.using(alias).filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES)
     if fence is not None:
         finished = finished.filter(fence.held(alias))
@@ -85,7 +92,13 @@ def finish_run(
 
 
 def _finish_top_level(
-    alias: str, name: str, run_id: Any, status: str, fence: RunFence | None, fields: dict[str, Any]
+    alias: str,
+    name: str,
+    run_id: Any,
+    status: str,
+    fence: RunFence | None,
+    fields: dict[str, Any],
+    into: WorkflowRun | None,
 ) -> bool:
     """
     ``finish_run``'s UPDATE of a top-level run's outcome, as one prepared
@@ -106,7 +119,26 @@ def _finish_top_level(
         params[column] = None if value is None else json.dumps(value)
     with hot_cursor(connection) as cursor:
         cursor.execute(sql.statement(name, connection), params)
-        return bool(cursor.rowcount == 1)
+        if cursor.description is None:
+            # MySQL/MariaDB: no RETURNING; rows matched.
+            return bool(cursor.rowcount == 1)
+        row, description = cursor.fetchone(), cursor.description
+    if row is None:
+        return False
+    if into is not None:
+        # Converted as the ORM converts it (a naive datetime under USE_TZ = False, say).
+        into.updated_at = model_from_row(WorkflowRun, alias, description, row).updated_at
+        into.__dict__[_STORED_END] = into.updated_at
+    return True
+
+
+#: Where ``finish_run`` leaves the end it stored on the pass's instance of the run.
+_STORED_END = "_pikku_stored_end"
+
+
+def stored_end(run: WorkflowRun) -> Any:
+    """The end (``updated_at``) ``finish_run`` stored for ``run`` and got back, or None."""
+    return run.__dict__.get(_STORED_END)
 
 
 def settle_parent_step(alias: str, child_id: Any) -> None:

@@ -197,11 +197,12 @@ def finish_pass(
     fence: RunFence | None,
     outcome: PreparedFinish | None = None,
     parent_id: Any = UNKNOWN,
+    into: WorkflowRun | None = None,
     **fields: Any,
 ) -> bool:
     """
     Record the run's outcome (``lifecycle.finish_run``, fenced to the run
-    lease) in one commit with the last step's success ``outcome`` (fenced to
+    lease; ``into`` as there) in one commit with the last step's success ``outcome`` (fenced to
     its attempt) and the release of the run lease ``held``. A superseded
     attempt raises ``StepSupersededError`` and the transaction writes
     nothing (the run's output came from a result that is not the step's).
@@ -216,7 +217,7 @@ def finish_pass(
     def write() -> tuple[bool, bool | None]:
         with _transaction(alias, nests=parent_id is not None):
             return (
-                _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields),
+                _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields, into),
                 _release_within(alias, held),
             )
 
@@ -234,13 +235,14 @@ def _outcome_within(
     parent_id: Any,
     fence: RunFence | None,
     fields: dict[str, Any],
+    into: WorkflowRun | None = None,
 ) -> bool:
     """The last step's outcome (fenced to its attempt), then the run's (to the run lease)."""
     from pikku_django.models import WorkflowStep
 
     if outcome is not None:
         WorkflowStep.objects.db_manager(alias).write_finish(outcome, within=True)
-    return finish_run(alias, run_id, status, parent_id=parent_id, fence=fence, **fields)
+    return finish_run(alias, run_id, status, parent_id=parent_id, fence=fence, into=into, **fields)
 
 
 def _release_within(alias: str, held: HeldLease | None) -> bool | None:
@@ -272,6 +274,8 @@ class HeldFinish:
     fields: dict[str, Any]
     then: Callable[[bool], None]
     alone: Callable[[], None]
+    #: The pass's instance of the run (``finish_run``'s ``into``).
+    run: WorkflowRun | None = None
 
     def write_within(self) -> tuple[bool, bool | None]:
         """
@@ -281,7 +285,7 @@ class HeldFinish:
         """
         try:
             done = _outcome_within(
-                self.alias, self.run_id, self.status, self.outcome, None, self.fence, self.fields
+                self.alias, self.run_id, self.status, self.outcome, None, self.fence, self.fields, self.run
             )
         except StepSupersededError:
             # A newer attempt owns the last step: this pass is stale (nothing was written).

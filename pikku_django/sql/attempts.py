@@ -128,14 +128,15 @@ assert MYSQL_STEP_CLAIM_ATTEMPT != MYSQL_STEP_CLAIM
 #: The claimed attempt's history row, taken from the step row this
 #: transaction has just claimed and still holds locked. It is sent in the same
 #: round trip as the claim (see ``MYSQL_MARK``), so it writes only when the
-#: claim's LAST_INSERT_ID carries the attempt it claimed.
+#: claim's LAST_INSERT_ID carries the attempt it claimed. Its ``running_at``
+#: is the step's ``updated_at`` as the claim wrote it, to the microsecond.
 MYSQL_STEP_CLAIM_ATTEMPT_HISTORY = """
 INSERT INTO {attempt} (`step_id`, `attempt`, `status`, `holder`, `created_at`, `running_at`)
-SELECT s.`id`, s.`attempt`, 'running', %(holder)s, {now_dt}, {now_dt} FROM {step} AS s
+SELECT s.`id`, s.`attempt`, 'running', %(holder)s, s.`updated_at`, s.`updated_at` FROM {step} AS s
 WHERE s.`run_id` = %(run_id)s AND s.`step_name` = %(step_name)s AND s.`status` = 'running'
     AND s.`attempt` = LAST_INSERT_ID()
 ON DUPLICATE KEY UPDATE {attempt}.`status` = 'running', {attempt}.`holder` = %(holder)s,
-    {attempt}.`running_at` = {now_dt}
+    {attempt}.`running_at` = s.`updated_at`
 """
 
 #: The step as the claim left it, read in the claim's own round trip, under

@@ -61,7 +61,7 @@ claimed AS (
 ),
 history AS (
     INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
-    SELECT "id", "attempt", 'running', %(holder)s::varchar, {now_dt}, {now_dt} FROM claimed
+    SELECT "id", "attempt", 'running', %(holder)s::varchar, "updated_at", "updated_at" FROM claimed
     ON CONFLICT ("step_id", "attempt")
     DO UPDATE SET "status" = 'running', "holder" = EXCLUDED."holder", "running_at" = EXCLUDED."running_at"
 )
@@ -92,7 +92,9 @@ UPDATE {step} AS s SET"""
 
 #: The claimed attempt's history row: created for a new attempt, moved to
 #: running for one counted before (pending, scheduled). Every variant writes
-#: the claiming worker's name (``%(holder)s``) into the row it writes.
+#: the claiming worker's name (``%(holder)s``) into the row it writes, and
+#: the claim's own now as its ``running_at``: the step's ``updated_at``, to
+#: the microsecond (a task's start is reported from the claimed step alone).
 SQLITE_STEP_CLAIM_HISTORY = """
 INSERT INTO {attempt} ("step_id", "attempt", "status", "holder", "created_at", "running_at")
 VALUES (%(step_id)s, %(attempt)s, 'running', %(holder)s, {now_dt}, {now_dt})

@@ -21,7 +21,8 @@ from pikku_django.errors import (
 )
 from pikku_django.managers import serialize_error
 from pikku_django.managers.base import read_models
-from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.managers.lifecycle import stored_end
+from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks.compat import (
     TaskContext,
     TaskError,
@@ -31,7 +32,7 @@ from pikku_django.tasks.compat import (
     task_finished,
     task_started,
 )
-from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, read_result, resolve_task
+from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, build_result, read_result, resolve_task
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
 from pikku_django.workflows.registry import FirstStep
@@ -62,6 +63,22 @@ def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> An
         raise RaisedBaseExceptionError(error) from error
 
 
+def _started(task: Any, alias: str, ctx: RunContext) -> Any:
+    """
+    The result ``task_started`` carries, the run as the worker's take read
+    it. A first attempt the take claimed is the step's only attempt, its
+    ``running_at`` the step's ``updated_at`` as the claim wrote it: built
+    from that step with no read. Otherwise one read, of the step's attempts.
+    """
+    step = ctx.in_hand
+    if step is None or step.step_name != TASK_STEP or step.attempt != 1:
+        return read_result(task, alias, ctx.run, NOT_JUDGED)
+    first = WorkflowStepAttempt(
+        step=step, attempt=1, status="running", holder=ctx.holder or "", running_at=step.updated_at
+    )
+    return build_result(task, alias, ctx.run, step, [first], NOT_JUDGED)
+
+
 def _last_attempt(ctx: RunContext) -> bool:
     """
     Would the attempt now raising spend the task's budget? Judged on its
@@ -75,11 +92,14 @@ def _last_attempt(ctx: RunContext) -> bool:
 
 
 def _finished(task_result: Any, run: WorkflowRun, status: Any) -> Any:
-    """A copy of ``task_result`` ended with ``status``; its ``finished_at`` is the run's, read back."""
-    alias = run._state.db or DEFAULT_DB_ALIAS
-    run_id = WorkflowRun._meta.pk.get_db_prep_value(run.pk, connections[alias])
-    (read,) = read_models(WorkflowRun, alias, "run_updated_at", {"run_id": run_id})
-    finished_at = read.updated_at
+    """A copy of ``task_result`` ended with ``status``; its ``finished_at`` is the run's end as stored."""
+    finished_at = stored_end(run)
+    if finished_at is None:
+        # MySQL/MariaDB: the outcome's UPDATE returns nothing; one read.
+        alias = run._state.db or DEFAULT_DB_ALIAS
+        run_id = WorkflowRun._meta.pk.get_db_prep_value(run.pk, connections[alias])
+        (read,) = read_models(WorkflowRun, alias, "run_updated_at", {"run_id": run_id})
+        finished_at = read.updated_at
     done = copy.copy(task_result)
     object.__setattr__(done, "status", status)
     object.__setattr__(done, "finished_at", finished_at)
@@ -113,7 +133,7 @@ def _when_done(task_result: Any, value: Any, sender: type) -> Any:
     What sends ``task_finished`` SUCCESSFUL for the attempt that returned
     ``value``: called once the run's completion has committed, so a result
     is never reported done before its outcome is stored. Its ``finished_at``
-    is the run's, read back (one read).
+    is the run's end as its outcome stored it (``_finished``).
     """
 
     def send(run: WorkflowRun) -> None:
@@ -154,8 +174,7 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     # path, and a replay with any other function is refused.
     @functools.wraps(task.func)
     def attempt() -> Any:
-        # One read, of the step's attempts; the run is as the worker's take read it.
-        result = read_result(task, alias, ctx.run, NOT_JUDGED)
+        result = _started(task, alias, ctx)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender=sender, task_result=result)
         try:

@@ -83,6 +83,9 @@ class RunContext(FanOutMixin, WaitsMixin):
         self.hold: Callable[[HeldFinish], None] | None = None
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
+        #: While the attempt of a step the take claimed runs: that step, as
+        #: its claim left it (its ``updated_at`` is the attempt's ``running_at``).
+        self.in_hand: WorkflowStep | None = None
         # One read of every step (or every step as the take read them): finished steps replay from here.
         if steps is None:
             steps = WorkflowStep.objects.db_manager(using).of_run(run.pk)
@@ -168,7 +171,16 @@ class RunContext(FanOutMixin, WaitsMixin):
                 # even when the worker is stopping (as after any claim).
                 if self._held is not None and self._held.lost.is_set():
                     raise Stop("the run lease was lost")
-                self._execute(step, fn, args, kwargs, lease_ms, fresh=True)
+                # The take found the run active under its row lock, in the
+                # commit that claimed the step: with no deadline to pass
+                # since, that is the check a claim needs (a cancel from now
+                # on meets the step's fence, as one during the step does).
+                checked = self.run.deadline_at is None
+                self.in_hand = step
+                try:
+                    self._execute(step, fn, args, kwargs, lease_ms, fresh=True, checked=checked)
+                finally:
+                    self.in_hand = None
                 if step.status != "succeeded" and not self._holds_failure(step):
                     step = steps.get(pk=step.pk)
                 continue

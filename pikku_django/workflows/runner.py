@@ -280,6 +280,7 @@ def _finish(run: WorkflowRun, status: str, ctx: RunContext, **fields: Any) -> No
                 fields,
                 then=lambda done: _ended(run, status, ctx, done, fields),
                 alone=lambda: _finish_now(run, status, ctx, pending, **fields),
+                run=run,
             )
         )
         return
@@ -300,6 +301,7 @@ def _finish_now(
             fence=ctx.run_fence,
             outcome=None if pending is None else pending.finish,
             parent_id=run.parent_id,
+            into=run,
             **fields,
         )
     except StepSupersededError:

@@ -52,12 +52,27 @@ class Driver:
     # -- steps ------------------------------------------------------------------------
 
     def history(
-        self, connection: BaseDatabaseWrapper, cursor: Any, step_id: Any, attempt: int, holder: str
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        step_id: Any,
+        attempt: int,
+        holder: str,
+        params: dict[str, Any] | None = None,
     ) -> None:
-        """The history row of attempt ``attempt`` of a step just claimed or started."""
+        """
+        The history row of attempt ``attempt`` of a step just claimed or
+        started; its ``running_at`` is the now of the claim's ``params``
+        (the step's ``updated_at``), when given.
+        """
+        now = (
+            now_params(connection)
+            if params is None or "now_dt" not in params
+            else {"now_dt": params["now_dt"]}
+        )
         cursor.execute(
             sql.statement("step_claim_history", connection),
-            {"step_id": step_id, "attempt": attempt, "holder": holder, **now_params(connection)},
+            {"step_id": step_id, "attempt": attempt, "holder": holder, **now},
         )
 
     def start_step(
@@ -121,7 +136,7 @@ class Driver:
                 return None
             step = from_row(cursor.description, row)
             step_id = step._meta.pk.get_db_prep_value(step.pk, connection)
-            self.history(connection, cursor, step_id, step.attempt, params["holder"])
+            self.history(connection, cursor, step_id, step.attempt, params["holder"], params)
         return step
 
     def write_finish(
