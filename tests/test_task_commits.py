@@ -34,8 +34,14 @@ from testproject.testing import tasks
 #: take with the step's claim, then the outcome with the run's end and the release.
 LONE_TASK_COMMITS = 2
 
+#: The reads of a lone task's pass: the look for due runs and, on
+#: MySQL/MariaDB (no RETURNING), the run's end that ``task_finished``
+#: reports. The take returns the run, its claim the step, the outcome the end.
+LONE_TASK_READS = {"postgresql": 1, "sqlite": 1, "mysql": 2}
+
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
 _BEGIN = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
+_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 _END = re.compile(r"^\s*(COMMIT|ROLLBACK)\b", re.IGNORECASE)
 #: A write that changes nothing (SQLite's write-lock probe) is no commit of its own.
 _NO_ROWS = re.compile(r"WHERE\s+0\s*=\s*1", re.IGNORECASE)
@@ -113,6 +119,20 @@ class LoneTaskCommitTests(TransactionTestCase):
         assert (attempt.attempt, attempt.status, attempt.holder) == (1, "succeeded", "w-commits")
         assert Lease.objects.current(f"workflow-run:{result.id}") is None
         assert Lease.objects.get(key=f"workflow-run:{result.id}").holder == "w-commits"
+
+    def test_a_lone_no_op_task_reads_only_what_its_writes_do_not_return(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-reads", once=True, interval=0.01)
+        with counting_commits() as counter:
+            assert worker.drive_next(worker.lane_holder(0)) is True
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        reads = [
+            text
+            for text in counter.statements
+            if not (_WRITES.search(text) or _BEGIN.match(text) or _END.match(text) or _SAVEPOINT.match(text))
+        ]
+        assert len(reads) == LONE_TASK_READS[connection.vendor], counter.report()
 
     def test_a_lone_failed_task_costs_two_durable_commits(self) -> None:
         result = tasks.explode.enqueue("boom")
