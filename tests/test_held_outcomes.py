@@ -139,3 +139,79 @@ class HeldOutcomeTests(TransactionTestCase):
         assert (after.status, after.updated_at, after.output) == ("completed", done.updated_at, done.output)
         assert attempts_of(result.id) == [(1, "running"), (2, "succeeded")]
         assert WorkflowStep.objects.get(run_id=result.id).attempt == 2
+
+    def test_a_held_outcome_whose_run_passed_on_is_refused_by_the_next_take_too(self) -> None:
+        # Written ahead of the next take, in its statement or round trip
+        # (sql.ends): the step's outcome is fenced to its attempt, the run's
+        # to its lease and to the step's, the release to its token.
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        lapse(f"workflow-run:{result.id}")
+        lapse_step(WorkflowStep.objects.get(run_id=result.id))
+        sweep()
+        other = Worker(holder="w-other", concurrency=1, interval=0.01)
+        assert other.run_batch() == 1
+        done = WorkflowRun.objects.get(pk=result.id)
+        lease = Lease.objects.get(key=f"workflow-run:{result.id}")
+        following = tasks.add.enqueue(3, 4)
+        with self.assertLogs("pikku_django.managers.passes", "WARNING") as logs:
+            assert worker._drive_next(holder, set(), True) is True
+        assert any("superseded" in line for line in logs.output), logs.output
+        after = WorkflowRun.objects.get(pk=result.id)
+        assert (after.status, after.updated_at, after.output) == ("completed", done.updated_at, done.output)
+        assert attempts_of(result.id) == [(1, "running"), (2, "succeeded")]
+        # The other pass's lease is as that pass left it.
+        assert Lease.objects.get(key=f"workflow-run:{result.id}") == lease
+        assert Lease.objects.get(key=f"workflow-run:{result.id}").expires_at == lease.expires_at
+        worker.flush(holder)
+        following.refresh()
+        assert (following.status, following.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+
+    def test_a_held_outcome_whose_run_lease_passed_on_writes_the_step_and_not_the_run(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        # Only the run lease lapses, and another holder takes it: the step's
+        # attempt is still this pass's, the run is not.
+        key = f"workflow-run:{result.id}"
+        lapse(key)
+        assert Lease.objects.acquire(key, "w-other", 60_000) is not None
+        following = tasks.add.enqueue(3, 4)
+        assert worker._drive_next(holder, set(), True) is True
+        run = WorkflowRun.objects.get(pk=result.id)
+        assert run.status == "running" and run.output is None
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.status, step.attempt, step.result) == ("succeeded", 1, 5)
+        assert attempts_of(result.id) == [(1, "succeeded")]
+        assert Lease.objects.current(key).holder == "w-other"
+        worker.flush(holder)
+        following.refresh()
+        assert following.status == TaskResultStatus.SUCCESSFUL
+
+    def test_a_held_outcome_whose_step_was_claimed_again_ends_nothing_but_its_lease(self) -> None:
+        result = tasks.add.enqueue(2, 3)
+        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        assert worker._drive_next(holder, set(), True) is True
+        # The step's attempt is superseded while the run lease is still this pass's.
+        step = WorkflowStep.objects.get(run_id=result.id)
+        lapse_step(step)
+        again = WorkflowStep.objects.claim(result.id, step.step_name, step.rpc_name, 60_000, holder="w-other")
+        assert again is not None and again.attempt == 2
+        key = f"workflow-run:{result.id}"
+        assert Lease.objects.current(key).holder == holder
+        following = tasks.add.enqueue(3, 4)
+        with self.assertLogs("pikku_django.managers.passes", "WARNING") as logs:
+            assert worker._drive_next(holder, set(), True) is True
+        assert any("superseded" in line for line in logs.output), logs.output
+        run = WorkflowRun.objects.get(pk=result.id)
+        assert run.status == "running" and run.output is None
+        assert attempts_of(result.id) == [(1, "running"), (2, "running")]
+        # The run lease is let go all the same: the pass is over.
+        assert Lease.objects.current(key) is None
+        worker.flush(holder)
+        following.refresh()
+        assert following.status == TaskResultStatus.SUCCESSFUL

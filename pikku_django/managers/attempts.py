@@ -157,7 +157,7 @@ class StepAttemptsMixin:
         if the step was started. A superseded outcome raises
         ``StepSupersededError``, and then nothing is written.
         """
-        done = self._finish_params(outcome, connection)
+        done = self.finish_params(outcome, connection)
         finished, started = driver(connection).handoff(connection, cursor, params, done)
         if not finished:
             raise StepSupersededError(outcome.step_id, outcome.attempt)
@@ -240,7 +240,7 @@ class StepAttemptsMixin:
         ``StepSupersededError`` having written nothing.
         """
         connection = self._write_connection()
-        params = self._finish_params(finish, connection)
+        params = self.finish_params(finish, connection)
 
         def write() -> bool:
             with hot_cursor(connection) as cursor:
@@ -249,7 +249,7 @@ class StepAttemptsMixin:
         if not retried(connection, write, within=within):
             raise StepSupersededError(finish.step_id, finish.attempt)
 
-    def _finish_params(self, finish: PreparedFinish, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+    def finish_params(self, finish: PreparedFinish, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         """The parameters of an outcome's statements (``sql.*_STEP_FINISH``)."""
         return {
             "step_id": self.model._meta.pk.get_db_prep_value(finish.step_id, connection),

@@ -38,6 +38,8 @@ from pikku_django.sql.runs import RUN_OUTCOMES
 from pikku_django.wakeups import work_due
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from pikku_django.models import WorkflowRun
 
 #: Step statuses that an ended run's steps are fenced out of: a running step
@@ -105,9 +107,26 @@ def _finish_top_level(
     statement (``sql.runs._RUN_FINISH``): the ORM's would be built anew for
     every run, which costs more than running it.
     """
+    connection = connections[alias]
+    params = outcome_params(connection, run_id, status, fence, fields)
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql.statement(name, connection), params)
+        if cursor.description is None:
+            # MySQL/MariaDB: no RETURNING; rows matched.
+            return bool(cursor.rowcount == 1)
+        row, description = cursor.fetchone(), cursor.description
+    if row is None:
+        return False
+    stamp_end(into, alias, description, row)
+    return True
+
+
+def outcome_params(
+    connection: BaseDatabaseWrapper, run_id: Any, status: str, fence: RunFence | None, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """The parameters of a top-level run's outcome statement (``sql.runs._RUN_FINISH``)."""
     from pikku_django.models import WorkflowRun
 
-    connection = connections[alias]
     params: dict[str, Any] = {
         "run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection),
         "status": status,
@@ -117,19 +136,17 @@ def _finish_top_level(
     for column, value in fields.items():
         # The JSON text the field stores (a JSON null is SQL NULL, as the ORM saves None).
         params[column] = None if value is None else json.dumps(value)
-    with hot_cursor(connection) as cursor:
-        cursor.execute(sql.statement(name, connection), params)
-        if cursor.description is None:
-            # MySQL/MariaDB: no RETURNING; rows matched.
-            return bool(cursor.rowcount == 1)
-        row, description = cursor.fetchone(), cursor.description
-    if row is None:
-        return False
+    return params
+
+
+def stamp_end(into: WorkflowRun | None, alias: str, description: Any, row: tuple[Any, ...]) -> None:
+    """Give ``into`` the end its outcome's statement stored and returned (``updated_at``, ``stored_end``)."""
+    from pikku_django.models import WorkflowRun
+
     if into is not None:
         # Converted as the ORM converts it (a naive datetime under USE_TZ = False, say).
         into.updated_at = model_from_row(WorkflowRun, alias, description, row).updated_at
         into.__dict__[_STORED_END] = into.updated_at
-    return True
 
 
 #: Where ``finish_run`` leaves the end it stored on the pass's instance of the run.

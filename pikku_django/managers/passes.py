@@ -37,8 +37,10 @@ from pikku_django.managers.base import ensure_autocommit, hot_cursor, model_from
 from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
+from pikku_django.managers.drivers.base import done_params
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.lifecycle import UNKNOWN, finish_run
+from pikku_django.managers.lifecycle import UNKNOWN, finish_run, outcome_params, stamp_end
+from pikku_django.sql.runs import RUN_OUTCOMES
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +254,11 @@ def _release_within(alias: str, held: HeldLease | None) -> bool | None:
     return None if held is None else Lease.objects.db_manager(alias).release_within(held.lease)
 
 
+def _superseded(run_id: Any) -> None:
+    # A newer attempt owns the last step: this pass is stale (nothing was written).
+    logger.warning("Run %s: its last step's attempt was superseded; its pass ends.", run_id)
+
+
 @dataclass
 class HeldFinish:
     """
@@ -283,15 +290,53 @@ class HeldFinish:
         what the release answered). A superseded last step writes nothing
         and records nothing; the run lease is released all the same.
         """
+        ended = self._in_one()
+        if ended is not None:
+            return ended
         try:
             done = _outcome_within(
                 self.alias, self.run_id, self.status, self.outcome, None, self.fence, self.fields, self.run
             )
         except StepSupersededError:
-            # A newer attempt owns the last step: this pass is stale (nothing was written).
-            logger.warning("Run %s: its last step's attempt was superseded; its pass ends.", self.run_id)
+            _superseded(self.run_id)
             done = False
         return done, _release_within(self.alias, self.held)
+
+    def _in_one(self) -> tuple[bool, bool | None] | None:
+        """
+        ``write_within`` in one statement or round trip where the vendor
+        folds a pass's end (``sql.ends``); None where it does not, or for an
+        outcome that is not the last step's success or failure with the
+        run's completion or failure.
+        """
+        from pikku_django.models import WorkflowStep
+
+        name = RUN_OUTCOMES.get(tuple(sorted(self.fields)))
+        if self.outcome is None or self.held is None or name is None:
+            return None
+        connection = connections[self.alias]
+        vendor = driver(connection)
+        lease = self.held.lease
+        params = {
+            **outcome_params(connection, self.run_id, self.status, self.fence, self.fields),
+            **done_params(
+                WorkflowStep.objects.db_manager(self.alias).finish_params(self.outcome, connection)
+            ),
+            "key": lease.key,
+            "holder": lease.holder,
+            "token": lease.token,
+        }
+        with hot_cursor(connection) as cursor:
+            answer = vendor.end_pass(connection, cursor, f"pass_end_{name}", params)
+        if answer is None:
+            return None
+        finished, ended, released = answer
+        if not finished:
+            _superseded(self.run_id)
+            return False, released
+        if isinstance(ended, tuple):
+            stamp_end(self.run, self.alias, *ended)
+        return bool(ended), released
 
     def committed(self, done: bool, released: bool | None) -> None:
         """The transaction holding the outcome has committed."""

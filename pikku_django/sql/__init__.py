@@ -21,6 +21,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django.clock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS, SQLITE_NOW_MS
 from pikku_django.sql.attempts import ATTEMPT_STATEMENTS
+from pikku_django.sql.ends import END_STATEMENTS
 from pikku_django.sql.leases import (
     DB_NOW,
     LEASE_STATEMENTS,
@@ -58,6 +59,7 @@ STATEMENTS: dict[str, Variants] = {
     **STEP_STATEMENTS,
     **ATTEMPT_STATEMENTS,
     **RUN_STATEMENTS,
+    **END_STATEMENTS,
 }
 
 _NOW = {"postgresql": POSTGRESQL_NOW_MS, "sqlite": SQLITE_NOW_MS, "mysql": MYSQL_NOW_MS}

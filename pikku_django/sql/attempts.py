@@ -227,7 +227,7 @@ ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`)
 _DONE = ("step_id", "attempt", "status", "result", "error")
 
 
-def _done(text: str) -> str:
+def done(text: str) -> str:
     """``text`` with the outcome's parameters renamed to ``done_*``."""
     for name in _DONE:
         text = text.replace(f"%({name})s", f"%(done_{name})s")
@@ -237,7 +237,7 @@ def _done(text: str) -> str:
 #: One statement: the outcome's UPDATE and history row, then the start's
 #: INSERT (only if the UPDATE matched) and its history row; it answers whether
 #: each matched.
-POSTGRESQL_STEP_HANDOFF = _done(POSTGRESQL_STEP_FINISH).replace(
+POSTGRESQL_STEP_HANDOFF = done(POSTGRESQL_STEP_FINISH).replace(
     "history AS (", "finished_history AS ("
 ).replace(')\nSELECT "id" FROM finished\n', "),\n") + POSTGRESQL_STEP_START.replace(
     "\nWITH clock AS", "clock AS", 1
@@ -261,7 +261,7 @@ assert (
 #: outcome's history row is copied from the step row this transaction has
 #: just written (and holds locked), so it is written only when that UPDATE
 #: matched.
-MYSQL_STEP_HANDOFF_FINISH = _done(MYSQL_STEP_FINISH)
+MYSQL_STEP_HANDOFF_FINISH = done(MYSQL_STEP_FINISH)
 MYSQL_STEP_HANDOFF_START = MYSQL_STEP_START.replace(
     "FROM DUAL WHERE", "FROM DUAL WHERE LAST_INSERT_ID() = %(done_attempt)s AND", 1
 )

@@ -62,23 +62,24 @@ _RUN_UPDATED_AT = "SELECT {q}id{q}, {q}updated_at{q} FROM {run} WHERE {q}id{q} =
 #: A top-level run's outcome, fenced to the pass's run lease (``managers.fence``;
 #: a NULL ``lease_key`` is a write outside a pass): only while the run is
 #: still active and the lease still this holder's and token's and live does it
-#: end. ``{sets}``: the outcome's columns (``run_outcome``). Where the vendor
-#: can, it returns the end it stored (``updated_at``): a task's
-#: ``task_finished`` reports it with no read after the commit.
+#: end. ``{sets}``: the outcome's columns (``run_outcome``); ``{tail}``: what
+#: follows the guard. Where the vendor can, it returns the end it stored
+#: (``updated_at``): a task's ``task_finished`` reports it with no read after
+#: the commit.
 _RUN_FINISH = """
 UPDATE {run} SET {q}status{q} = %(status)s{text}, {q}wake_at{q} = NULL, {q}updated_at{q} = {now_dt}{sets}
 WHERE {q}id{q} = %(run_id)s{uuid} AND {q}status{q} IN ('running', 'suspended')
     AND (%(lease_key)s{text} IS NULL OR EXISTS (SELECT 1 FROM {lease} l
         WHERE l.{q}key{q} = %(lease_key)s{text} AND l.{q}holder{q} = %(lease_holder)s{text}
         AND l.{q}token{q} = %(lease_token)s{int} AND l.{q}expires_at{q} > {now}))
-{returning}"""
+{tail}"""
 
-_RETURNING_END = 'RETURNING "updated_at"\n'
-_TYPED = {"q": '"', "uuid": "::uuid", "text": "::varchar", "int": "::bigint", "json": "::jsonb"}
-_UNTYPED = {"uuid": "", "text": "", "int": "", "json": ""}
+RETURNING_END = 'RETURNING "updated_at"\n'
+TYPED = {"q": '"', "uuid": "::uuid", "text": "::varchar", "int": "::bigint", "json": "::jsonb"}
+UNTYPED = {"uuid": "", "text": "", "int": "", "json": ""}
 
 
-def _run_finish(columns: tuple[str, ...], **marks: str) -> str:
+def run_finish(columns: tuple[str, ...], **marks: str) -> str:
     """``_RUN_FINISH`` setting ``columns`` (JSON parameters of the same names), in one vendor's form."""
     sets = "".join(f", {{q}}{column}{{q}} = %({column})s{{json}}" for column in columns)
     text = _RUN_FINISH.replace("{sets}", sets)
@@ -105,9 +106,9 @@ RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
     },
     **{
         name: {
-            "postgresql": _run_finish(columns, **_TYPED, returning=_RETURNING_END),
-            "sqlite": _run_finish(columns, q='"', **_UNTYPED, returning=_RETURNING_END),
-            "mysql": _run_finish(columns, q="`", **_UNTYPED, returning=""),
+            "postgresql": run_finish(columns, **TYPED, tail=RETURNING_END),
+            "sqlite": run_finish(columns, q='"', **UNTYPED, tail=RETURNING_END),
+            "mysql": run_finish(columns, q="`", **UNTYPED, tail=""),
         }
         for columns, name in RUN_OUTCOMES.items()
     },

@@ -19,6 +19,12 @@ from pikku_django.managers.batches import one_transaction
 if TYPE_CHECKING:
     from pikku_django.models import Lease, WorkflowStep
 
+#: What a pass's end answered (``Driver.end_pass``): whether the step's
+#: outcome matched; the run's, as (description, row) of the end it stored
+#: where the vendor returns it, else whether it matched; whether the release
+#: matched.
+PassEnd = tuple[bool, "tuple[Any, tuple[Any, ...]] | bool", bool]
+
 #: Builds a step from a ``RETURNING *`` row: (description, row) -> step.
 StepFromRow = Callable[[Any, tuple[Any, ...]], "WorkflowStep"]
 
@@ -48,6 +54,17 @@ class Driver:
         cursor.execute(sql.statement("run_take", connection), params)
         row = cursor.fetchone()
         return None if row is None else (cursor.description, row)
+
+    def end_pass(
+        self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
+    ) -> PassEnd | None:
+        """
+        A pass's end in one statement or round trip (``sql.ends``): the last
+        step's outcome (``done_*``), the run's outcome ``name`` guarded by it,
+        and the run lease's release, in the caller's transaction. None where
+        the vendor sends them apart (SQLite: ``HeldFinish`` does).
+        """
+        return None
 
     # -- steps ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django.managers.batches import batch
-from pikku_django.managers.drivers.base import Driver, StepFromRow, done_params
+from pikku_django.managers.drivers.base import Driver, PassEnd, StepFromRow, done_params
 
 if TYPE_CHECKING:
     from pikku_django.models import Lease, WorkflowStep
@@ -30,6 +30,16 @@ class MySQLDriver(Driver):
         if moved != 1 or not rows:
             return None
         return description, rows[0]
+
+    def end_pass(
+        self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
+    ) -> PassEnd | None:
+        # One round trip (sql.ends); the run's outcome is guarded by the step's LAST_INSERT_ID.
+        names = ["mark", "step_handoff_finish", name, "lease_release", "pass_end_finish_history"]
+        _, (finished, *_), (ended, *_), (released, *_), _ = batch(
+            connection, cursor, names, params, within=True
+        )
+        return finished == 1, ended == 1, released == 1
 
     def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
         # Rows matched; the expiry rides in LAST_INSERT_ID.

@@ -11,13 +11,22 @@ from typing import TYPE_CHECKING, Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
-from pikku_django.managers.drivers.base import Driver, StepFromRow, done_params
+from pikku_django.managers.drivers.base import Driver, PassEnd, StepFromRow, done_params
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowStep
 
 
 class PostgreSQLDriver(Driver):
+    def end_pass(
+        self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
+    ) -> PassEnd | None:
+        # One statement (sql.ends): the run's end stored, when it matched.
+        cursor.execute(sql.statement(name, connection), params)
+        finished, released, updated_at = cursor.fetchone()
+        ended = (cursor.description[2:], (updated_at,)) if updated_at is not None else False
+        return finished == 1, ended, released == 1
+
     def start_step(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool = False
     ) -> bool:
