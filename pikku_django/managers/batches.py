@@ -19,24 +19,61 @@ from pikku_django import sql
 @contextmanager
 def one_transaction(connection: BaseDatabaseWrapper, cursor: Any) -> Iterator[None]:
     """
-    One transaction around the two statements of a step write. On
-    MySQL/MariaDB it is opened and closed in a round trip each, where
-    Django's ``atomic()`` spends two more switching autocommit off and on
-    again; elsewhere, and inside an atomic block, it is ``atomic()``.
+    One transaction around the statements of a write. On MySQL/MariaDB its
+    ``START TRANSACTION`` rides in the round trip of its first statement
+    (``_BeginWithFirst``) and its COMMIT is one more, where Django's
+    ``atomic()`` spends two round trips switching autocommit off and on
+    again and one for the COMMIT; a block that sent nothing sends neither.
+    Elsewhere, and inside an atomic block, it is ``atomic()``.
     """
     if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
         with transaction.atomic(using=connection.alias):
             yield
         return
-    cursor.execute(sql.statement("transaction_begin", connection))
+    begin = _BeginWithFirst(connection)
+    # Outermost, so that every other wrapper (a project's instrumentation,
+    # say) sees the statements as they are sent.
+    connection.execute_wrappers.insert(0, begin)
     try:
-        yield
+        try:
+            yield
+        finally:
+            connection.execute_wrappers.remove(begin)
     except BaseException:
-        # A broken connection has rolled back on the server already.
-        with suppress(Exception):
-            cursor.execute(sql.statement("transaction_rollback", connection))
+        if begin.sent:
+            # A broken connection has rolled back on the server already.
+            with suppress(Exception):
+                cursor.execute(sql.statement("transaction_rollback", connection))
         raise
-    cursor.execute(sql.statement("transaction_commit", connection))
+    if begin.sent:
+        cursor.execute(sql.statement("transaction_commit", connection))
+
+
+class _BeginWithFirst:
+    """
+    An execute wrapper (MySQL/MariaDB, multi-statements): the first statement
+    of a ``one_transaction`` block is sent after ``START TRANSACTION`` in one
+    round trip, and its cursor moved on to that statement's own result, so
+    its caller reads what it would have read alone.
+    """
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self.sent = False
+        self.joined = connection.settings_dict["OPTIONS"].get("multi_statements", True)
+
+    def __call__(self, execute: Any, text: Any, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if self.sent:
+            return execute(text, params, many, context)
+        self.sent = True
+        begin = sql.statement("transaction_begin", self.connection)
+        if many or not self.joined:
+            execute(begin, None, False, context)
+            return execute(text, params, many, context)
+        answer = execute(f"{begin.strip()};\n{text}", params, many, context)
+        with self.connection.wrap_database_errors:
+            context["cursor"].nextset()
+        return answer
 
 
 def batch(
