@@ -34,10 +34,11 @@ from testproject.testing import tasks
 #: take with the step's claim, then the outcome with the run's end and the release.
 LONE_TASK_COMMITS = 2
 
-#: The reads of a lone task's pass: the look for due runs and, on
-#: MySQL/MariaDB (no RETURNING), the run's end that ``task_finished``
-#: reports. The take returns the run, its claim the step, the outcome the end.
-LONE_TASK_READS = {"postgresql": 1, "sqlite": 1, "mysql": 2}
+#: The reads of a lone task's pass: the look for due runs. The take returns
+#: the run, its claim the step, the outcome the end ``task_finished``
+#: reports (on MySQL/MariaDB, which have no RETURNING, each is read in the
+#: write's own round trip).
+LONE_TASK_READS = {"postgresql": 1, "sqlite": 1, "mysql": 1}
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
 _BEGIN = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.db.models import Q
 
-from pikku_django import sql, validate
+from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import WorkflowCancelledError, WorkflowTimeoutError
 from pikku_django.managers.base import (
@@ -33,6 +33,7 @@ from pikku_django.managers.base import (
     serialize_error,
     take_write_lock,
 )
+from pikku_django.managers.drivers import driver
 from pikku_django.managers.fence import UNFENCED, RunFence
 from pikku_django.sql.runs import RUN_OUTCOMES
 from pikku_django.wakeups import work_due
@@ -110,14 +111,10 @@ def _finish_top_level(
     connection = connections[alias]
     params = outcome_params(connection, run_id, status, fence, fields)
     with hot_cursor(connection) as cursor:
-        cursor.execute(sql.statement(name, connection), params)
-        if cursor.description is None:
-            # MySQL/MariaDB: no RETURNING; rows matched.
-            return bool(cursor.rowcount == 1)
-        row, description = cursor.fetchone(), cursor.description
-    if row is None:
+        ended = driver(connection).end_run(connection, cursor, name, params)
+    if ended is None:
         return False
-    stamp_end(into, alias, description, row)
+    stamp_end(into, alias, *ended)
     return True
 
 

@@ -48,12 +48,18 @@ def _postgresql(columns: tuple[str, ...]) -> str:
 #: MySQL/MariaDB, in one round trip (``MYSQL_MARK``, the step's outcome as
 #: in the handoff, ``step_handoff_finish``, then these): the step's outcome
 #: leaves its attempt in LAST_INSERT_ID when it matches, and the run's
-#: outcome is guarded by it (neither that UPDATE nor the release moves
-#: LAST_INSERT_ID); then the release, and the step's history row last, as in
-#: the handoff (an INSERT ... SELECT into the attempt table takes that
-#: table's AUTO-INC lock).
+#: outcome is guarded by it (neither that UPDATE, the read of its end nor
+#: the release moves LAST_INSERT_ID); then the release, and the step's
+#: history row last, as in the handoff (an INSERT ... SELECT into the attempt
+#: table takes that table's AUTO-INC lock).
 def _mysql(columns: tuple[str, ...]) -> str:
     return run_finish(columns, q="`", **UNTYPED, tail="    AND LAST_INSERT_ID() = %(done_attempt)s\n")
+
+
+#: MySQL/MariaDB have no RETURNING: the end the run's outcome stored is read
+#: in the outcome's own round trip, right after it, and only if it matched
+#: (``ROW_COUNT()`` is the rows the UPDATE before it matched).
+MYSQL_RUN_END_READ = "SELECT `updated_at` FROM {run} WHERE `id` = %(run_id)s AND ROW_COUNT() > 0"
 
 
 #: ``pass_end_run_complete`` and ``pass_end_run_fail``, by the run outcome's
@@ -64,4 +70,5 @@ END_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
         for columns, name in RUN_OUTCOMES.items()
     },
     "pass_end_finish_history": {"mysql": done(MYSQL_STEP_FINISH_HISTORY)},
+    "run_end_read": {"mysql": MYSQL_RUN_END_READ},
 }

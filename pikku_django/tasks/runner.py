@@ -95,7 +95,7 @@ def _finished(task_result: Any, run: WorkflowRun, status: Any) -> Any:
     """A copy of ``task_result`` ended with ``status``; its ``finished_at`` is the run's end as stored."""
     finished_at = stored_end(run)
     if finished_at is None:
-        # MySQL/MariaDB: the outcome's UPDATE returns nothing; one read.
+        # An end its pass did not write (none does today): one read.
         alias = run._state.db or DEFAULT_DB_ALIAS
         run_id = WorkflowRun._meta.pk.get_db_prep_value(run.pk, connections[alias])
         (read,) = read_models(WorkflowRun, alias, "run_updated_at", {"run_id": run_id})

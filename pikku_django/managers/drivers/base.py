@@ -55,6 +55,17 @@ class Driver:
         row = cursor.fetchone()
         return None if row is None else (cursor.description, row)
 
+    def end_run(
+        self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
+    ) -> tuple[Any, tuple[Any, ...]] | None:
+        """
+        A top-level run's outcome ``name`` (``sql.runs._RUN_FINISH``): the end
+        it stored, as (description, row), or None if it matched nothing.
+        """
+        cursor.execute(sql.statement(name, connection), params)
+        row = cursor.fetchone()
+        return None if row is None else (cursor.description, row)
+
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
     ) -> PassEnd | None:

@@ -35,11 +35,26 @@ class MySQLDriver(Driver):
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
     ) -> PassEnd | None:
         # One round trip (sql.ends); the run's outcome is guarded by the step's LAST_INSERT_ID.
-        names = ["mark", "step_handoff_finish", name, "lease_release", "pass_end_finish_history"]
-        _, (finished, *_), (ended, *_), (released, *_), _ = batch(
+        # The end the run's outcome stored is read right after it (sql.ends.MYSQL_RUN_END_READ).
+        names = [
+            "mark",
+            "step_handoff_finish",
+            name,
+            "run_end_read",
+            "lease_release",
+            "pass_end_finish_history",
+        ]
+        _, (finished, *_), _, (_, _, rows, description), (released, *_), _ = batch(
             connection, cursor, names, params, within=True
         )
-        return finished == 1, ended == 1, released == 1
+        return finished == 1, (description, rows[0]) if rows else False, released == 1
+
+    def end_run(
+        self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
+    ) -> tuple[Any, tuple[Any, ...]] | None:
+        # The outcome and the read of the end it stored, in one round trip.
+        _, (_, _, rows, description) = batch(connection, cursor, [name, "run_end_read"], params, within=True)
+        return (description, rows[0]) if rows else None
 
     def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
         # Rows matched; the expiry rides in LAST_INSERT_ID.
