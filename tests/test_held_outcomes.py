@@ -9,6 +9,7 @@ run lease passed on meanwhile is refused.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db.models import F
 from django.test import TransactionTestCase
@@ -27,6 +28,24 @@ TASKS = 10
 def attempts_of(result_id: str) -> list[tuple[int, str]]:
     rows = WorkflowStepAttempt.objects.filter(step__run_id=result_id).order_by("attempt")
     return list(rows.values_list("attempt", "status"))
+
+
+def held_task() -> tuple[Any, Worker, str]:
+    """A task driven by a one-lane worker that holds its outcome for its next take."""
+    result = tasks.add.enqueue(2, 3)
+    worker = Worker(holder="w-held", concurrency=1, interval=0.01)
+    holder = worker.lane_holder(0)
+    assert worker._drive_next(holder, set(), True) is True
+    return result, worker, holder
+
+
+def run_again_elsewhere(result: Any) -> None:
+    """The held task's leases lapse, and another worker runs it again."""
+    lapse(f"workflow-run:{result.id}")
+    lapse_step(WorkflowStep.objects.get(run_id=result.id))
+    sweep()
+    other = Worker(holder="w-other", concurrency=1, interval=0.01)
+    assert other.run_batch() == 1
 
 
 class HeldOutcomeTests(TransactionTestCase):
@@ -53,10 +72,7 @@ class HeldOutcomeTests(TransactionTestCase):
         assert result.status == TaskResultStatus.SUCCESSFUL
 
     def test_a_held_outcome_is_reported_nowhere_until_it_commits(self) -> None:
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
+        result, worker, holder = held_task()
         # The task ran; its outcome waits for the lane's next take.
         result.refresh()
         assert result.status == TaskResultStatus.RUNNING
@@ -106,32 +122,18 @@ class HeldOutcomeTests(TransactionTestCase):
         assert (second.status, second.return_value) == (TaskResultStatus.SUCCESSFUL, 4)
 
     def test_a_lost_held_outcome_costs_a_new_attempt_and_nothing_else(self) -> None:
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
+        result, worker, holder = held_task()
         # The process dies holding it: the outcome is never written.
         worker._held.clear()
-        lapse(f"workflow-run:{result.id}")
-        lapse_step(WorkflowStep.objects.get(run_id=result.id))
-        sweep()
-        other = Worker(holder="w-other", concurrency=1, interval=0.01)
-        assert other.run_batch() == 1
+        run_again_elsewhere(result)
         result.refresh()
         assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
         assert attempts_of(result.id) == [(1, "running"), (2, "succeeded")]
 
     def test_a_held_outcome_whose_run_passed_on_is_refused(self) -> None:
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
-        # Its leases lapse before the lane writes it; another worker runs the task again.
-        lapse(f"workflow-run:{result.id}")
-        lapse_step(WorkflowStep.objects.get(run_id=result.id))
-        sweep()
-        other = Worker(holder="w-other", concurrency=1, interval=0.01)
-        assert other.run_batch() == 1
+        result, worker, holder = held_task()
+        # Its leases lapse before the lane writes it, and another worker runs the task again.
+        run_again_elsewhere(result)
         done = WorkflowRun.objects.get(pk=result.id)
         worker.flush(holder)
         # The late outcome changed nothing: the run and its step are the second attempt's.
@@ -144,15 +146,8 @@ class HeldOutcomeTests(TransactionTestCase):
         # Written ahead of the next take, in its statement or round trip
         # (sql.ends): the step's outcome is fenced to its attempt, the run's
         # to its lease and to the step's, the release to its token.
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
-        lapse(f"workflow-run:{result.id}")
-        lapse_step(WorkflowStep.objects.get(run_id=result.id))
-        sweep()
-        other = Worker(holder="w-other", concurrency=1, interval=0.01)
-        assert other.run_batch() == 1
+        result, worker, holder = held_task()
+        run_again_elsewhere(result)
         done = WorkflowRun.objects.get(pk=result.id)
         lease = Lease.objects.get(key=f"workflow-run:{result.id}")
         following = tasks.add.enqueue(3, 4)
@@ -170,10 +165,7 @@ class HeldOutcomeTests(TransactionTestCase):
         assert (following.status, following.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
 
     def test_a_held_outcome_whose_run_lease_passed_on_writes_the_step_and_not_the_run(self) -> None:
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
+        result, worker, holder = held_task()
         # Only the run lease lapses, and another holder takes it: the step's
         # attempt is still this pass's, the run is not.
         key = f"workflow-run:{result.id}"
@@ -192,10 +184,7 @@ class HeldOutcomeTests(TransactionTestCase):
         assert following.status == TaskResultStatus.SUCCESSFUL
 
     def test_a_held_outcome_whose_step_was_claimed_again_ends_nothing_but_its_lease(self) -> None:
-        result = tasks.add.enqueue(2, 3)
-        worker = Worker(holder="w-held", concurrency=1, interval=0.01)
-        holder = worker.lane_holder(0)
-        assert worker._drive_next(holder, set(), True) is True
+        result, worker, holder = held_task()
         # The step's attempt is superseded while the run lease is still this pass's.
         step = WorkflowStep.objects.get(run_id=result.id)
         lapse_step(step)
