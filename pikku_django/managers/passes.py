@@ -312,10 +312,10 @@ class HeldFinish:
         from pikku_django.models import WorkflowStep
 
         name = RUN_OUTCOMES.get(tuple(sorted(self.fields)))
-        if self.outcome is None or self.held is None or name is None:
-            return None
         connection = connections[self.alias]
         vendor = driver(connection)
+        if self.outcome is None or self.held is None or name is None or not vendor.ends_passes:
+            return None
         lease = self.held.lease
         params = {
             **outcome_params(connection, self.run_id, self.status, self.fence, self.fields),
@@ -327,10 +327,7 @@ class HeldFinish:
             "token": lease.token,
         }
         with hot_cursor(connection) as cursor:
-            answer = vendor.end_pass(connection, cursor, f"pass_end_{name}", params)
-        if answer is None:
-            return None
-        finished, ended, released = answer
+            finished, ended, released = vendor.end_pass(connection, cursor, f"pass_end_{name}", params)
         if not finished:
             _superseded(self.run_id)
             return False, released

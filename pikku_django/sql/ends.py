@@ -16,7 +16,7 @@ sends its statements one by one anyway, and keeps them apart.
 from __future__ import annotations
 
 from pikku_django.sql.attempts import MYSQL_STEP_FINISH_HISTORY, POSTGRESQL_STEP_FINISH, done
-from pikku_django.sql.runs import RUN_OUTCOMES, TYPED, UNTYPED, run_finish
+from pikku_django.sql.runs import RETURNING_END, RUN_OUTCOMES, TYPED, UNTYPED, run_finish
 
 #: The step's outcome (``finished``, its history row beside it), the run's
 #: (``ended``, only if ``finished`` matched) and the release (``released``):
@@ -39,9 +39,7 @@ SELECT (SELECT count(*) FROM finished) AS "finished", (SELECT count(*) FROM rele
 
 
 def _postgresql(columns: tuple[str, ...]) -> str:
-    run = run_finish(
-        columns, **TYPED, tail='    AND EXISTS (SELECT 1 FROM finished)\n    RETURNING "updated_at"\n'
-    )
+    run = run_finish(columns, **TYPED, tail="    AND EXISTS (SELECT 1 FROM finished)\n    " + RETURNING_END)
     return _POSTGRESQL_STEP_PART + _POSTGRESQL_REST.replace("{run}", run.strip("\n") + "\n")
 
 

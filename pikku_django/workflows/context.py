@@ -84,7 +84,9 @@ class RunContext(FanOutMixin, WaitsMixin):
         # Steps the worker's take claimed in its own commit (name to attempt): the steps in hand.
         self._claimed = dict(claimed or {})
         #: While the attempt of a step the take claimed runs: that step, as
-        #: its claim left it (its ``updated_at`` is the attempt's ``running_at``).
+        #: read since its claim (for the claim that reads it back, a task's
+        #: ``FirstStep(only=True)``, its ``updated_at`` is the attempt's
+        #: ``running_at``).
         self.in_hand: WorkflowStep | None = None
         # One read of every step (or every step as the take read them): finished steps replay from here.
         if steps is None:

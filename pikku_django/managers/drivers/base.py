@@ -32,6 +32,9 @@ StepFromRow = Callable[[Any, tuple[Any, ...]], "WorkflowStep"]
 class Driver:
     """Runs one vendor's guarded statements and reads their answers (see ``managers.drivers``)."""
 
+    #: Does ``end_pass`` fold a pass's end into one statement or round trip?
+    ends_passes = False
+
     # -- leases -----------------------------------------------------------------------
 
     def refreshed(self, cursor: Any, lease: Lease) -> tuple[Any, ...] | None:
@@ -68,14 +71,14 @@ class Driver:
 
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
-    ) -> PassEnd | None:
+    ) -> PassEnd:
         """
         A pass's end in one statement or round trip (``sql.ends``): the last
         step's outcome (``done_*``), the run's outcome ``name`` guarded by it,
-        and the run lease's release, in the caller's transaction. None where
-        the vendor sends them apart (SQLite: ``HeldFinish`` does).
+        and the run lease's release, in the caller's transaction. Only where
+        ``ends_passes``: SQLite sends them apart (``HeldFinish`` does).
         """
-        return None
+        raise NotImplementedError
 
     # -- steps ------------------------------------------------------------------------
 

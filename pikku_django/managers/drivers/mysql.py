@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 
 class MySQLDriver(Driver):
+    ends_passes = True
+
     def take_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
     ) -> tuple[Any, tuple[Any, ...]] | None:
@@ -33,7 +35,7 @@ class MySQLDriver(Driver):
 
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
-    ) -> PassEnd | None:
+    ) -> PassEnd:
         # One round trip (sql.ends); the run's outcome is guarded by the step's LAST_INSERT_ID.
         # The end the run's outcome stored is read right after it (sql.ends.MYSQL_RUN_END_READ).
         names = [

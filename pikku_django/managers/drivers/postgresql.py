@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 
 
 class PostgreSQLDriver(Driver):
+    ends_passes = True
+
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
-    ) -> PassEnd | None:
+    ) -> PassEnd:
         # One statement (sql.ends): the run's end stored, when it matched.
         cursor.execute(sql.statement(name, connection), params)
         finished, released, updated_at = cursor.fetchone()
