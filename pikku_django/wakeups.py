@@ -11,16 +11,22 @@ of leaving it to its next poll.
   channel ``pikku_work`` inside the transaction (so a rolled-back start wakes
   nobody, and at most one NOTIFY per transaction), and each worker's
   listener (``managers.wakeups.Listener``) turns it into a local wake-up.
-- Across processes elsewhere: a loop of ``watchers`` (SQLite's file
-  watcher, MariaDB's due look) nudges the lanes of its process.
+- Across processes elsewhere: a loop of ``watchers`` nudges the lanes of
+  its process: SQLite's file watcher (the database file changes on every
+  commit); on MariaDB a watcher of the host's wake file, which ``work_due``
+  changes after the commit (``wake_files``), and the due look for work made
+  due on other hosts.
 - A wake-up only shortens a wait, so a missed one costs latency, never work.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from django.db import connections, transaction
+
+from pikku_django import wake_files
 
 _cond = threading.Condition()
 _generation = 0
@@ -71,8 +77,9 @@ def wait(seen: int, timeout: float, stop: threading.Event | None = None) -> int:
         return _generation
 
 
-def _on_commit() -> None:
+def _on_commit(using: str) -> None:
     nudge()
+    wake_files.touch(using)
 
 
 def work_due(using: str) -> None:
@@ -86,10 +93,10 @@ def work_due(using: str) -> None:
     if conn.in_atomic_block:
         # Once per transaction: a callback of ours already waiting for this
         # commit means the announcement is sent. A rollback drops both.
-        if any(entry[1] is _on_commit for entry in conn.run_on_commit):
+        if any(getattr(entry[1], "func", None) is _on_commit for entry in conn.run_on_commit):
             return
         announce(using)
-        transaction.on_commit(_on_commit, using=using)
+        transaction.on_commit(functools.partial(_on_commit, using), using=using)
         return
     announce(using)
-    nudge()
+    _on_commit(using)

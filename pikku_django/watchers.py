@@ -9,8 +9,11 @@ NOTIFY reaches the listener (``managers.wakeups.Listener``).
   every ``FILE_WATCH_S``; any process's commit changes one of them. It sends
   no statement at all. An in-memory database is never shared with another
   process, so it gets no watcher.
-- Any other database (MariaDB): ``DueLook`` runs the lanes' due query
-  (``Worker.due``, compiled once) for one run every ``LOOK_S`` and wakes them when it finds one, again every
+- Any other database (MariaDB): a ``FileWatcher`` on the host's wake file
+  (``wake_files``), which every commit that makes work due changes, for
+  work made due on this host; and ``DueLook``, for work made due on other
+  hosts: it runs the lanes' due query (``Worker.due``, compiled once) for
+  one run every ``LOOK_S`` and wakes them when it finds one, again every
   ``--interval`` while that run stays due. The lanes' own polls drop to
   every ``LANE_FALLBACK_S``: one look for the process instead of one per lane.
 
@@ -28,6 +31,7 @@ from django.db import connections
 
 from pikku_django import wakeups
 from pikku_django.loops import Poller
+from pikku_django.wake_files import wake_file
 
 if TYPE_CHECKING:
     from pikku_django.worker import Worker
@@ -75,8 +79,9 @@ def signature(path: str) -> Signature:
 
 class FileWatcher(Poller):
     """
-    Wakes this process's lanes when the SQLite database file or its write-ahead
-    log changes: a commit, by this process or another (a checkpoint, too).
+    Wakes this process's lanes when one of ``paths`` changes: the SQLite
+    database file or its write-ahead log (a commit, by this process or
+    another; a checkpoint, too), or a wake file (``wake_files``).
     A change seen within ``FILE_WAKE_GAP_S`` of the last wake-up is woken for
     once that gap has passed, so a burst of commits wakes the lanes a few times,
     not once per commit.
@@ -85,9 +90,9 @@ class FileWatcher(Poller):
     wakes = False
     interval = FILE_WATCH_S
 
-    def __init__(self, path: str, **kwargs: Any) -> None:
-        super().__init__(f"pikku-file-watcher:{os.path.basename(path)}", **kwargs)
-        self.paths = (path, f"{path}-wal")
+    def __init__(self, *paths: str, **kwargs: Any) -> None:
+        super().__init__(f"pikku-file-watcher:{os.path.basename(paths[0])}", **kwargs)
+        self.paths = paths
         self.seen = self.look()
         self.pending = False
         self.woke_at = float("-inf")
@@ -140,16 +145,20 @@ class DueLook(Poller):
         return False
 
 
-def watcher(worker: Worker) -> Poller | None:
-    """The loop that wakes ``worker``'s lanes on other processes' commits, if its database needs one."""
+def watchers(worker: Worker) -> list[Poller]:
+    """The loops that wake ``worker``'s lanes on other processes' commits, where its database needs them."""
     from pikku_django.managers.wakeups import carries_notifications
 
     if carries_notifications(worker.using):
-        return None
+        return []
     if connections[worker.using].vendor == "sqlite":
         path = watched_file(worker.using)
-        return None if path is None else FileWatcher(path, stop=worker.stopping)
-    return DueLook(worker)
+        return [] if path is None else [FileWatcher(path, f"{path}-wal", stop=worker.stopping)]
+    loops: list[Poller] = [DueLook(worker)]
+    path = wake_file(worker.using)
+    if path is not None:
+        loops.append(FileWatcher(path, stop=worker.stopping))
+    return loops
 
 
 def looks_for_lanes(using: str) -> bool:

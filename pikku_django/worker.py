@@ -32,7 +32,7 @@ from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.schedules import tick
-from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watcher
+from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watchers
 from pikku_django.worker_loops import Lane, NameLoop, SchedulerLoop, SweepLoop
 from pikku_django.worker_passes import WorkerPasses
 
@@ -139,8 +139,8 @@ class Worker(WorkerPasses):
     def loops(self) -> list[Poller]:
         """
         What runs beside the lanes: the sweep, the scheduler, and what wakes
-        them on other processes' commits (the listener on PostgreSQL, else a
-        ``watchers`` loop).
+        them on other processes' commits (the listener on PostgreSQL, else
+        the ``watchers`` loops).
         """
         beside: list[Poller] = []
         if not self.once and self.name_lock is not None:
@@ -152,9 +152,7 @@ class Worker(WorkerPasses):
         if not self.once:
             if carries_notifications(self.using):
                 beside.append(Listener(self.using, stop=self.stopping))
-            woken_by = watcher(self)
-            if woken_by is not None:
-                beside.append(woken_by)
+            beside.extend(watchers(self))
         return beside
 
     def run(self) -> int:

@@ -1,10 +1,12 @@
 """
 The loops that wake a worker's lanes on other processes' commits where the
-database sends no NOTIFY: SQLite's file watcher and the due look.
+database sends no NOTIFY: SQLite's file watcher, MariaDB's wake file and
+the due look.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,11 +14,12 @@ import pytest
 from django.db import connection, transaction
 from django.test import TransactionTestCase
 
-from pikku_django import wakeups, watchers
+from pikku_django import wake_files, wakeups, watchers
 from pikku_django.models import WorkflowRun
 from pikku_django.watchers import DueLook, FileWatcher
 from pikku_django.worker import Worker
 from pikku_django.workflows import start_workflow
+from tests.conftest import ROOT, subprocess_env
 
 #: Another process's commit: SQLite's header field for the application's use.
 OTHER_PROCESS_COMMIT = """
@@ -48,7 +51,7 @@ class FileWatcherTests(TransactionTestCase):
         path = watchers.watched_file("default")
         assert path is not None
         self.path = path
-        self.watcher = FileWatcher(path)
+        self.watcher = FileWatcher(path, f"{path}-wal")
         self.addCleanup(self.watcher.stop)
 
     def test_another_processs_commit_wakes(self) -> None:
@@ -92,6 +95,74 @@ class FileWatcherTests(TransactionTestCase):
             assert watchers.watched_file("default") is None
         finally:
             settings["NAME"] = name
+
+
+#: A start committed by another process (another worker, a web request).
+OTHER_PROCESS_START = """
+import django
+django.setup()
+from pikku_django.workflows import start_workflow
+start_workflow("test.noop", {"n": 1})
+"""
+
+
+@pytest.mark.skipif(wake_files.wake_file("default") is None, reason="only MariaDB/MySQL has a wake file")
+class WakeFileTests(TransactionTestCase):
+    def setUp(self) -> None:
+        path = wake_files.wake_file("default")
+        assert path is not None
+        self.path = path
+        self.watcher = FileWatcher(path)
+        self.addCleanup(self.watcher.stop)
+
+    def test_a_committed_start_wakes_a_watcher_of_the_wake_file(self) -> None:
+        assert not woke(self.watcher.poll)
+        start_workflow("test.noop", {"n": 1})
+        assert woke(self.watcher.poll)
+        assert not woke(self.watcher.poll)
+
+    def test_a_rolled_back_start_leaves_the_wake_file_as_it_was(self) -> None:
+        roll_back_a_start()
+        assert not woke(self.watcher.poll)
+
+    def test_another_processs_start_wakes(self) -> None:
+        subprocess.run(
+            [sys.executable, "-c", OTHER_PROCESS_START],
+            cwd=ROOT,
+            env=subprocess_env(),
+            check=True,
+            timeout=60,
+        )
+        assert woke(self.watcher.poll)
+
+    def test_every_start_changes_it_and_it_stays_small(self) -> None:
+        # Two starts within one tick of the file system's clock still change
+        # it (its size does), and it is cut back before it grows past MAX_BYTES.
+        for n in range(wake_files.MAX_BYTES + 5):
+            before = watchers.signature(self.path)
+            wake_files.touch("default")
+            assert watchers.signature(self.path) != before, n
+        assert os.path.getsize(self.path) <= wake_files.MAX_BYTES
+
+    def test_a_wake_file_that_cannot_be_written_is_passed_over(self) -> None:
+        settings = connection.settings_dict
+        host = settings["HOST"]
+        try:
+            # Another server's name, whose file is made a directory: it cannot be written.
+            settings["HOST"] = "unwritable.invalid"
+            path = wake_files.wake_file("default")
+            assert path is not None and path != self.path
+            os.makedirs(path, exist_ok=True)
+            self.addCleanup(os.rmdir, path)
+            wake_files.touch("default")
+        finally:
+            settings["HOST"] = host
+        assert os.path.isdir(path)
+
+    def test_a_worker_watches_the_wake_file_and_looks_for_other_hosts(self) -> None:
+        loops = watchers.watchers(Worker(holder="wake-file", interval=60))
+        assert [type(loop) for loop in loops] == [DueLook, FileWatcher]
+        assert loops[1].paths == (self.path,)
 
 
 class DueLookTests(TransactionTestCase):
