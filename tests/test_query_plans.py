@@ -14,6 +14,7 @@ from pikku_django import sql
 from pikku_django.managers import now_params
 from pikku_django.models import WorkflowRun
 from pikku_django.sweep import sweep
+from pikku_django.worker import Worker
 from tests import backlog_rows
 from tests.conftest import make_run, make_step
 
@@ -66,8 +67,6 @@ class QueryPlanTests(TestCase):
         assert "Seq Scan" not in plan, plan
 
     def test_due_query_walks_the_priority_index_in_its_order(self) -> None:
-        from pikku_django.worker import Worker
-
         for worker in [Worker(holder="w"), Worker(holder="w", queues=["a", "b"])]:
             captured: list[tuple[str, object]] = []
 
@@ -179,8 +178,6 @@ class BacklogTests(TransactionTestCase):
     SIZE = 200_000
 
     def looks(self) -> list[tuple[str, Any]]:
-        from pikku_django.worker import Worker
-
         return capture_selects(Worker(holder="plans").due)
 
     def sweeps(self) -> list[tuple[str, Any]]:
@@ -212,6 +209,29 @@ class BacklogTests(TransactionTestCase):
         due = [pk for pk, _, _ in WorkflowRun.objects.get_queryset().next_due(10)]
         assert [str(pk)[-4:] for pk in due] == [f"{n:04x}" for n in range(10)], due
         assert all(str(pk).startswith(backlog_rows.QUEUED_PREFIX) for pk in due), due
+
+    def test_the_look_reads_no_more_with_a_backlog_of_due_tasks(self) -> None:
+        # A lane's look while a backlog drains reads the first few due runs in
+        # the order of pikku_run_due_idx, not every due run sorted. (Named to
+        # run after the test above: on MariaDB the 200,000 rows this one
+        # deletes linger in the indexes until purged, and the plan that test
+        # asks for depends on the optimizer's estimates of them.)
+        backlog_rows.load(0, 20)
+        few = [examined(text, params) for text, params in self.looks()]
+        backlog_rows.clear()
+        backlog_rows.load(0, self.SIZE)
+        if connection.vendor == "sqlite":
+            # As a project's SQLite file is: never ANALYZEd (Django does not),
+            # so the planner guesses; with statistics it finds the index itself.
+            with connection.cursor() as cursor:
+                cursor.execute("DELETE FROM sqlite_stat1")
+                cursor.execute("ANALYZE sqlite_schema")
+        looks = self.looks()
+        many = [examined(text, params) for text, params in looks]
+        slack = 500 if connection.vendor == "sqlite" else 60
+        for before, after, (text, params) in zip(few, many, looks, strict=True):
+            assert after <= 2 * before + slack, (before, after, plan_text(text, params))
+        assert len(Worker(holder="plans").due()) == 10
 
     def assert_look_plan(self, text: str, params: Any) -> None:
         plan = plan_text(text, params)

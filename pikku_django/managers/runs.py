@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value, When
 
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
@@ -61,20 +61,20 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         order = ("-priority", "wake_at")
         fields = ("pk", "wake_at", "queue", "priority")
-        walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
         if connections[self.db].features.supports_slicing_ordering_in_compound:
+            walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
             first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
             return first.union(*rest, all=True).order_by(*order)[:limit]
-        else:
-            # SQLite allows no ORDER BY ... LIMIT inside a compound statement:
-            # the walks pick ids as subqueries of one statement instead.
-            picked = Q()
-            for walk in walks:
-                picked |= Q(pk__in=walk.values("pk")[:limit])
-            runs = self.model._default_manager.db_manager(self.db).get_queryset()
-            return runs.filter(picked).order_by(*order).values_list(*fields)[:limit]
+        # SQLite allows no ORDER BY ... LIMIT inside a compound statement:
+        # the walks pick ids as subqueries of one statement instead.
+        picked = Q()
+        for status in ACTIVE_RUN_STATUSES:
+            walk = self._due_walk(status, bound_filters=True).order_by(*order)
+            picked |= Q(pk__in=walk.values("pk")[:limit])
+        runs = self.model._default_manager.db_manager(self.db).get_queryset()
+        return runs.filter(picked).order_by(*order).values_list(*fields)[:limit]
 
-    def _due_walk(self, status: str) -> WorkflowRunQuerySet:
+    def _due_walk(self, status: str, *, bound_filters: bool = False) -> WorkflowRunQuerySet:
         """
         The runs of ``status`` that are due, for a walk of ``pikku_run_due_idx``,
         where ``wake_at <= now`` is only a filter: keyed on ``status`` alone,
@@ -83,9 +83,19 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         uncorrelated subquery) from the front of the (status, wake_at) index,
         where the bound is a range: ``status``, or NULL when nothing is due,
         and a NULL key seeks nothing.
+
+        ``bound_filters``: the walk's bound is written on ``wake_at + 0``,
+        which no index can serve. SQLite's planner, offered the bound as a
+        range of the (status, wake_at) index, takes that range and sorts
+        every due run to find the first few: with a backlog of 10,000 tasks,
+        3.7 ms a look instead of 0.1.
         """
         earliest = self.filter(status=status, wake_at__lte=DbNowMs()).order_by("wake_at")
-        return self.filter(status=Subquery(earliest.values("status")[:1]), wake_at__lte=DbNowMs())
+        walk = self.filter(status=Subquery(earliest.values("status")[:1]))
+        if bound_filters:
+            woken = ExpressionWrapper(F("wake_at") + 0, output_field=models.BigIntegerField())
+            return walk.alias(due_at=woken).filter(due_at__lte=DbNowMs())
+        return walk.filter(wake_at__lte=DbNowMs())
 
     def due_later(self) -> WorkflowRunQuerySet:
         """
