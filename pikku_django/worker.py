@@ -23,17 +23,17 @@ from pikku_django.errors import (
     WorkerAbortedError,
     WorkerNameTakenError,
 )
+from pikku_django.held import HeldOutcomes
 from pikku_django.leases import default_holder
 from pikku_django.loops import Poller, refresh_connections
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.names import NameLock
-from pikku_django.managers.passes import HeldFinish
 from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.schedules import tick
 from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watchers
-from pikku_django.worker_loops import Lane, NameLoop, SchedulerLoop, SweepLoop
+from pikku_django.worker_loops import FlushLoop, Lane, NameLoop, SchedulerLoop, SweepLoop
 from pikku_django.worker_passes import WorkerPasses
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,9 @@ class Worker(WorkerPasses):
         self._count = threading.Lock()
         self._due_statements: dict[int, tuple[str, tuple[Any, ...]]] = {}
         # Each lane's outcome kept for its next take, by lane holder (``drive_next``'s ``hold``).
-        self._held: dict[str, HeldFinish] = {}
+        self._held = HeldOutcomes()
+        self._short: dict[str, bool] = {}
+        self._room: int | None = None
         self._signals = 0
         # The lock on this worker's name, once taken (``run``).
         self.name_lock: NameLock | None = None
@@ -138,13 +140,16 @@ class Worker(WorkerPasses):
 
     def loops(self) -> list[Poller]:
         """
-        What runs beside the lanes: the sweep, the scheduler, and what wakes
+        What runs beside the lanes: the lock on its name, the writer of
+        outcomes held too long, the sweep, the scheduler, and what wakes
         them on other processes' commits (the listener on PostgreSQL, else
         the ``watchers`` loops).
         """
         beside: list[Poller] = []
         if not self.once and self.name_lock is not None:
             beside.append(NameLoop(self, self.name_lock))
+        if not self.once:
+            beside.append(FlushLoop(self))
         if self.sweep_interval is not None:
             beside.append(SweepLoop(self))
         if self.schedules and not self.once:

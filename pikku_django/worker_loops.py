@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from pikku_django.held import HOLD_WINDOW_S
 from pikku_django.loops import Poller
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S
 from pikku_django.schedules import tick_until_next
@@ -76,6 +77,33 @@ class Lane(Poller):
         # The worker's own thread keeps its connections (a caller's, in tests).
         if threading.current_thread() is not self.worker.thread:
             super().teardown()
+
+
+#: Seconds between two looks of an idle ``FlushLoop`` (while no lane holds an outcome).
+FLUSH_IDLE_S = 0.25
+
+
+class FlushLoop(Poller):
+    """
+    Writes the outcomes a lane has held longer than ``HOLD_WINDOW_S``
+    (``held``) on a connection of its own, while that lane is busy with a
+    run that turned out long: the outcomes of the short runs it drove before
+    are reported within a few milliseconds, and their leases, no longer
+    renewed, are released long before they could lapse.
+    """
+
+    wakes = False
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__("pikku-flush", stop=worker.stopping, interval=HOLD_WINDOW_S)
+        self.worker = worker
+
+    def poll(self) -> bool:
+        self.worker.write_stale()
+        return False
+
+    def _idle_wait(self) -> float:
+        return self.interval if self.worker._held else FLUSH_IDLE_S
 
 
 #: Seconds between two checks that the worker's name lock still has its session.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -19,14 +20,17 @@ from django.db.models import QuerySet
 from pikku_django import wakeups
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
+from pikku_django.held import HOLD_WINDOW_S, HeldOutcomes
+from pikku_django.leases import KeepAlive, LeaseRenewal
 from pikku_django.loops import refresh_connections
 from pikku_django.managers.base import hot_cursor
 from pikku_django.managers.conflicts import is_conflict
-from pikku_django.managers.passes import HeldFinish, Take, take_run
+from pikku_django.managers.passes import HeldFinish, Take, take_run, write_held
 from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
+from pikku_django.workflows.attempts import StepLeaseRenewal
 from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.registry import first_step_of
 from pikku_django.workflows.runner import drive_run
@@ -39,9 +43,16 @@ class WorkerPasses:
 
     using: str
     batch: int
+    concurrency: int
+    max_runs: int | None
+    passes: int
     queues: list[str] | None
     stopping: threading.Event
-    _held: dict[str, HeldFinish]
+    _held: HeldOutcomes
+    #: Whether each lane's last pass was short (``SHORT_PASS_S``).
+    _short: dict[str, bool]
+    #: How many more runs ``run_batch`` may drive (None outside it).
+    _room: int | None
     _due_statements: dict[int, tuple[str, tuple[Any, ...]]]
 
     def lane_holder(self, index: int) -> str:
@@ -101,8 +112,9 @@ class WorkerPasses:
                 if not self._reserve():
                     return False
                 alternates = _alternates(due[index + 1 :], full) if conf.concurrency(queue) is None else []
+                ahead = self._ahead(holder, len(due)) if hold and alternates else 0
                 outcome = self.take_and_drive(
-                    run_id, wake_at, queue, holder, hold=hold, alternates=alternates
+                    run_id, wake_at, queue, holder, hold=hold, alternates=alternates, ahead=ahead
                 )
                 if outcome:
                     return True
@@ -117,16 +129,33 @@ class WorkerPasses:
                 return False
         return False
 
+    def _ahead(self, holder: str, due: int) -> int:
+        """
+        How many runs a take of ``holder``'s may take ahead of the one it
+        drives first (``managers.passes.take_run``): a lane whose last pass
+        was short, while more runs are due than this worker has lanes, takes
+        up to ``TAKE_AHEAD`` in one commit; otherwise one.
+        """
+        if self.max_runs is not None or due <= self.concurrency or not self._short.get(holder, False):
+            return 0
+        return max(0, min(TAKE_AHEAD, self._room or TAKE_AHEAD) - 1)
+
     def run_batch(self) -> int:
         """Drive up to ``batch`` due runs one after another in this thread; returns how many."""
         took = 0
         full: set[str] = set()
         holder = self.lane_holder(0)
+        start = self.passes
         try:
-            while took < self.batch and not self.stopping.is_set() and self.drive_next(full=full, hold=True):
-                took += 1
+            while took < self.batch and not self.stopping.is_set():
+                # A take may take runs ahead (``_ahead``), but no more than the batch has room for.
+                self._room = self.batch - took
+                if not self.drive_next(full=full, hold=True):
+                    break
+                took = self.passes - start
                 refresh_connections()
         finally:
+            self._room = None
             self.flush(holder)
         return took
 
@@ -170,9 +199,32 @@ class WorkerPasses:
         return runs
 
     def flush(self, holder: str) -> None:
-        """Write the outcome ``holder``'s lane holds (see ``drive_next``), in a commit of its own."""
-        finish = self._held.pop(holder, None)
-        if finish is not None:
+        """Write the outcomes ``holder``'s lane holds (see ``drive_next``), in a commit of their own."""
+        self._write_alone(self._held.pop(holder))
+
+    def write_stale(self) -> None:
+        """Write the outcomes held longer than ``HOLD_WINDOW_S`` (the ``FlushLoop``'s poll)."""
+        for finishes in self._held.older_than(HOLD_WINDOW_S):
+            self._write_alone(finishes)
+
+    def _write_alone(self, finishes: list[HeldFinish]) -> None:
+        """Held outcomes in one commit of their own, or, if that fails, each in its own."""
+        if len(finishes) > 1:
+            try:
+                write_held(self.using, finishes)
+                return
+            except OUTAGE_ERRORS as error:
+                if not is_conflict(error):
+                    # Lost: their steps run again once their leases lapse.
+                    raise
+                logger.warning(
+                    "Writing %s held outcomes together met conflicts; writing each alone.", len(finishes)
+                )
+            except DatabaseError:
+                logger.exception(
+                    "Writing %s held outcomes together failed; writing each alone.", len(finishes)
+                )
+        for finish in finishes:
             finish.alone()
 
     def take_and_drive(
@@ -184,20 +236,29 @@ class WorkerPasses:
         *,
         hold: bool = False,
         alternates: Sequence[tuple[Any, int | None]] = (),
+        ahead: int = 0,
     ) -> bool | None:
         """
         Drive one due run under a slot of its queue: True if it was driven,
         False if another lane took it first, None if every slot of its
         queue is taken (the run stays due). ``alternates``: due runs of
         queues with no limit, taken instead in the same commit, in order,
-        if this one is not (``managers.passes.take_run``).
+        if this one is not (``managers.passes.take_run``); ``ahead``: how
+        many of them may be taken too, and driven after it (``_drive_ahead``).
         """
         holder = holder or self.lane_holder(0)
         try:
             with queue_slot(queue, holder, using=self.using) as slot:
                 if not slot:
                     return None
-                took = self.take(run_id, wake_at, holder, alternates=alternates)
+                took = self.take(run_id, wake_at, holder, alternates=alternates, ahead=ahead)
+                kept = [_keep_ahead(more, self.using) for more in took.ahead]
+                if kept:
+                    # Drove nothing yet: the runs taken ahead count as passes too.
+                    for _ in kept:
+                        self._reserve()
+                    self._drive_ahead(took, holder, kept, hold)
+                    return True
                 if not took.taken:
                     return False
                 if took.lease is None:
@@ -208,14 +269,51 @@ class WorkerPasses:
                 # A queue's slot is let go at the end of this block: its run's
                 # outcome must have committed by then.
                 keeps = hold and conf.concurrency(queue) is None
-                self.drive(
-                    took.run, holder, lease=took.lease, claimed=took.claimed, hold=keeps, steps=took.steps
-                )
+                self._timed_drive(took, holder, keeps)
                 return True
         except LeaseLostError:
             # The pass is over; its writes were fenced by their own leases.
             logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
             return True
+
+    def _timed_drive(self, took: Take, holder: str, hold: bool, *, ahead: bool = False) -> None:
+        """Drive a run the take got, and note whether its pass was short (``_ahead``)."""
+        assert took.run is not None
+        started = time.monotonic()
+        self.drive(
+            took.run,
+            holder,
+            lease=took.lease,
+            claimed=took.claimed,
+            hold=hold,
+            steps=took.steps,
+            taken_ahead=ahead,
+        )
+        self._short[holder] = time.monotonic() - started < SHORT_PASS_S
+
+    def _drive_ahead(self, took: Take, holder: str, kept: list[list[KeepAlive]], hold: bool) -> None:
+        """
+        Drive the run a take got, then the runs it took ahead, one after
+        another; each one's leases are kept by the process's keeper until
+        its pass starts, and outcomes held longer than ``HOLD_WINDOW_S`` are
+        written before the next run starts. Runs not driven (an outage, an
+        abort) are left to lapse, as a crash would leave them.
+        """
+        runs = [(took, list[KeepAlive]()), *zip(took.ahead, kept, strict=True)]
+        try:
+            for index, (run, renewals) in enumerate(runs):
+                for renewal in renewals:
+                    renewal.stop()
+                if run.lease is None or run.run is None:
+                    continue
+                age = self._held.age(holder)
+                if age is not None and age > HOLD_WINDOW_S:
+                    self.flush(holder)
+                self._timed_drive(run, holder, hold, ahead=index > 0)
+        finally:
+            for _, renewals in runs:
+                for renewal in renewals:
+                    renewal.stop()
 
     def take(
         self,
@@ -224,6 +322,7 @@ class WorkerPasses:
         holder: str | None = None,
         *,
         alternates: Sequence[tuple[Any, int | None]] = (),
+        ahead: int = 0,
     ) -> Take:
         """
         Claim one due run for a pass, with its run lease, in one commit
@@ -234,23 +333,26 @@ class WorkerPasses:
         same commit (``FirstStep``).
         """
         holder = holder or self.lane_holder(0)
-        finish = self._held.pop(holder, None)
+        finishes = self._held.pop(holder)
         args = (self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
-        take = functools.partial(take_run, *args, first_step=first_step_of, alternates=alternates)
-        if finish is None:
+        take = functools.partial(
+            take_run, *args, first_step=first_step_of, alternates=alternates, ahead=ahead
+        )
+        if not finishes:
             return take()
+        first = finishes[0].run_id
         try:
-            # The lane's last outcome commits with this take.
-            return take(finish=finish)
+            # The lane's last outcomes commit with this take.
+            return take(finish=finishes)
         except OUTAGE_ERRORS as error:
             if not is_conflict(error):
-                # Lost with the take: its step runs again once its leases lapse.
+                # Lost with the take: their steps run again once their leases lapse.
                 raise
-            # Rolled back for a conflict every time it was sent: apart, each in its own commit.
-            logger.warning("A take with run %s's outcome met conflicts; writing it alone.", finish.run_id)
+            # Rolled back for a conflict every time it was sent: apart, in a commit of their own.
+            logger.warning("A take with run %s's outcome met conflicts; writing it alone.", first)
         except DatabaseError:
-            logger.exception("A take with run %s's outcome failed; writing the outcome alone.", finish.run_id)
-        finish.alone()
+            logger.exception("A take with run %s's outcome failed; writing the outcome alone.", first)
+        self._write_alone(finishes)
         return take()
 
     def drive(
@@ -262,13 +364,21 @@ class WorkerPasses:
         claimed: dict[str, int] | None = None,
         hold: bool = False,
         steps: list[WorkflowStep] | None = None,
+        taken_ahead: bool = False,
     ) -> None:
         run_id = run.pk
         holder = holder or self.lane_holder(0)
         keep = functools.partial(self._keep, holder, run) if hold else None
         try:
             run = drive_run(
-                run, holder=holder, stop=self.stopping, lease=lease, claimed=claimed, hold=keep, steps=steps
+                run,
+                holder=holder,
+                stop=self.stopping,
+                lease=lease,
+                claimed=claimed,
+                hold=keep,
+                steps=steps,
+                taken_ahead=taken_ahead,
             )
         except OUTAGE_ERRORS:
             # The lane waits the outage out; the run is due again when its lease lapses.
@@ -278,8 +388,7 @@ class WorkerPasses:
             # is due again when its lease lapses.
             logger.exception("Driving run %s failed.", run_id)
             return
-        held = self._held.get(holder)
-        if held is None or held.run_id != run.pk:
+        if not self._held.holds(holder, run.pk):
             _log_pass(run)
 
     def _keep(self, holder: str, run: WorkflowRun, finish: HeldFinish) -> None:
@@ -295,11 +404,31 @@ class WorkerPasses:
             _log_pass(run)
 
         finish.then, finish.alone = logged, logged_alone
-        self._held[holder] = finish
+        self._held.add(holder, finish)
 
 
 #: How many due runs after the first a take may fall back on in its commit.
 ALTERNATES = 8
+#: The most runs a lane takes in one commit (``WorkerPasses._ahead``).
+TAKE_AHEAD = 8
+#: A pass this short (seconds, from its start to its outcome held) lets the
+#: lane's next take take runs ahead.
+SHORT_PASS_S = 0.005
+
+
+def _keep_ahead(took: Take, using: str) -> list[KeepAlive]:
+    """
+    Renew the leases of a run taken ahead (its run lease, and its step's when
+    the take claimed it) through the process's keeper until its pass starts.
+    """
+    assert took.lease is not None and took.run is not None
+    renewals: list[KeepAlive] = [LeaseRenewal(took.lease, conf.LEASE_TTL_MS, using)]
+    step = first_step_of(took.run)
+    if took.steps and step is not None:
+        renewals.append(StepLeaseRenewal(took.steps[0], step.lease_ms, using))
+    for renewal in renewals:
+        renewal.start()
+    return renewals
 
 
 def _alternates(due: list[tuple[Any, int | None, str]], full: set[str]) -> list[tuple[Any, int | None]]:

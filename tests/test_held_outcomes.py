@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from unittest import mock
 
 from django.db.models import F
 from django.test import TransactionTestCase
 
+from pikku_django import worker_passes
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.sweep import sweep
 from pikku_django.tasks.compat import TaskResultStatus
@@ -51,8 +53,9 @@ def run_again_elsewhere(result: Any) -> None:
 class HeldOutcomeTests(TransactionTestCase):
     def test_a_lane_through_a_backlog_pays_one_commit_per_task_and_one_for_the_last_outcome(self) -> None:
         results = [tasks.add.enqueue(i, 1) for i in range(TASKS)]
+        # Every pass counts as long: no take takes runs ahead (test_take_ahead.py).
         worker = Worker(holder="w-held", concurrency=1, batch=TASKS, interval=0.01)
-        with counting_commits() as counter:
+        with counting_commits() as counter, mock.patch.object(worker_passes, "SHORT_PASS_S", 0):
             assert worker.run_batch() == TASKS
         # Each take carries the outcome before it; the last outcome goes alone.
         assert counter.commits == TASKS + 1, counter.report()

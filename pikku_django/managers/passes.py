@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -66,6 +66,8 @@ class Take:
     run_id: Any = None
     #: Every step of the run, when the take claimed the only one (``FirstStep.only``); else None.
     steps: list[WorkflowStep] | None = None
+    #: More runs taken in the same commit, each with its run lease (``take_run``'s ``ahead``).
+    ahead: tuple[Take, ...] = ()
 
 
 @contextmanager
@@ -94,8 +96,9 @@ def take_run(
     retry_ms: int,
     *,
     first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
-    finish: HeldFinish | None = None,
+    finish: HeldFinish | Sequence[HeldFinish] | None = None,
     alternates: Sequence[tuple[Any, int | None]] = (),
+    ahead: int = 0,
 ) -> Take:
     """
     Take a due run for a pass, in one commit: move its ``wake_at`` to when
@@ -112,14 +115,20 @@ def take_run(
     not waited for: the losing lane writes nothing (``drivers``, ``sql.runs``). On SQLite
     the first statement writes, so the transaction takes the write lock at once.
 
-    ``finish``: the outcome of the lane's last pass, held for this commit
+    ``finish``: the outcomes of the lane's last passes, held for this commit
     (``HeldFinish``): written first, each write with its own guard, so a lane
-    that goes from run to run pays one commit per run.
+    that goes from run to run pays one commit per run, or less.
 
     ``alternates``: more due runs, as (id, wake_at), tried in order in the
     same transaction while the ones before were not taken (another lane
     took them, or is taking them): the lanes woken together race for the
     first due run, and the losers take the next in the same commit.
+
+    ``ahead``: once a run is taken, up to this many of the alternates after
+    it are taken too (``Take.ahead``), each with its run lease and the
+    claim of its only step (a task's; a run with more steps is claimed by
+    its pass), so that a lane going through a backlog of short runs pays
+    one commit for several. Runs another pass holds are left due, as above.
     """
     from pikku_django.models import WorkflowRun
 
@@ -127,22 +136,47 @@ def take_run(
     ensure_autocommit(connection)
     to_db = WorkflowRun._meta.pk.get_db_prep_value
     candidates = [(run_id, wake_at), *alternates]
+    finishes = [] if finish is None else [finish] if isinstance(finish, HeldFinish) else list(finish)
 
-    def write() -> tuple[tuple[bool, bool | None] | None, Take]:
+    def only_step(run: WorkflowRun) -> FirstStep | None:
+        step = None if first_step is None else first_step(run)
+        return step if step is not None and step.only else None
+
+    def write() -> tuple[list[tuple[bool, bool | None]], Take]:
         with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
-            written = None if finish is None else finish.write_within()
+            written = [held.write_within() for held in finishes]
             take = Take(False)
+            more: list[Take] = []
             for candidate, read_wake_at in candidates:
-                params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
-                take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
-                if take.taken:
+                if take.taken and len(more) >= ahead:
                     break
+                params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
+                if not take.taken:
+                    take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
+                    continue
+                extra = _take_within(alias, cursor, candidate, params, holder, retry_ms, only_step)
+                if extra.lease is not None and extra.run is not None:
+                    more.append(extra)
+            if more:
+                take = replace(take, ahead=tuple(more))
         return written, take
 
     written, take = retried(connection, write)
-    if finish is not None and written is not None:
-        finish.committed(*written)
+    for held, answer in zip(finishes, written, strict=True):
+        held.committed(*answer)
     return take
+
+
+def write_held(alias: str, finishes: Sequence[HeldFinish]) -> None:
+    """The outcomes a lane holds (``HeldFinish``), in one commit of their own."""
+
+    def write() -> list[tuple[bool, bool | None]]:
+        with _transaction(alias):
+            return [held.write_within() for held in finishes]
+
+    written = retried(connections[alias], write)
+    for held, answer in zip(finishes, written, strict=True):
+        held.committed(*answer)
 
 
 def _take_within(

@@ -88,6 +88,9 @@ class RunContext(FanOutMixin, WaitsMixin):
         #: ``FirstStep(only=True)``, its ``updated_at`` is the attempt's
         #: ``running_at``).
         self.in_hand: WorkflowStep | None = None
+        #: The take that claimed the steps in hand checked the run's state
+        #: right before this pass (False for a run taken ahead of others).
+        self.take_checked = True
         # One read of every step (or every step as the take read them): finished steps replay from here.
         if steps is None:
             steps = WorkflowStep.objects.db_manager(using).of_run(run.pk)
@@ -177,7 +180,7 @@ class RunContext(FanOutMixin, WaitsMixin):
                 # commit that claimed the step: with no deadline to pass
                 # since, that is the check a claim needs (a cancel from now
                 # on meets the step's fence, as one during the step does).
-                checked = self.run.deadline_at is None
+                checked = self.take_checked and self.run.deadline_at is None
                 self.in_hand = step
                 try:
                     self._execute(step, fn, args, kwargs, lease_ms, fresh=True, checked=checked)

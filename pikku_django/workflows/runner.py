@@ -140,6 +140,7 @@ def drive_run(
     claimed: dict[str, int] | None = None,
     hold: Callable[[HeldFinish], None] | None = None,
     steps: list[WorkflowStep] | None = None,
+    taken_ahead: bool = False,
 ) -> WorkflowRun:
     """
     ``run_workflow`` on a run already read (a worker's take reads it): one
@@ -148,6 +149,9 @@ def drive_run(
     the run lease, when the take acquired it in its own commit; ``claimed``:
     the steps that take claimed (name to attempt), which the pass runs;
     ``steps``: every step of the run, when the take read them (its only one).
+    ``taken_ahead``: the take took the run ahead of others the lane drove
+    first (``managers.passes.take_run``'s ``ahead``): the step it claimed is
+    checked against the run's state before it runs.
     ``hold``: a lane's, to keep the outcome of a run with no parent for its
     next take (``HeldFinish``); the run is then returned before its outcome
     is written.
@@ -184,6 +188,7 @@ def drive_run(
                 run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed, steps=steps
             )
             ctx.hold = hold
+            ctx.take_checked = not taken_ahead
             try:
                 _drive(run, fn, ctx, fence)
             finally:

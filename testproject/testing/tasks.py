@@ -89,6 +89,14 @@ def block(context: TaskContext[..., Any]) -> str:
         time.sleep(0.05)
 
 
+@task()
+def wait_for_file(path: str) -> None:
+    """Waits until a file exists at ``path`` (a test's go-ahead), for at most 60 s."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def plain_function(path: str) -> None:
     """Not a Task: a stored path naming it must be refused, and it never called."""
     with open(path, "w") as file:

@@ -1,0 +1,208 @@
+"""
+A lane going through a backlog of short runs takes several in one commit
+(``take_run``'s ``ahead``), and writes their outcomes together with its
+next take (issue 14): fewer commits than tasks. The runs taken ahead keep
+their leases (run and step) through the process's keeper until their pass
+starts, so a long run before them costs them time, never an attempt.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from django.db import connections
+from django.test import TransactionTestCase, override_settings
+
+from pikku_django import worker_passes
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sweep import sweep
+from pikku_django.tasks.compat import TaskResultStatus
+from pikku_django.worker import Worker
+from pikku_django.workflows import cancel_workflow
+from testproject.testing import tasks
+from testproject.testing.models import StepCall
+from tests.conftest import poll_until
+from tests.test_task_commits import counting_commits
+
+TASKS = 10
+#: The run and step leases of the test of a long run: short, so that they
+#: would lapse many times over while the long run waits.
+SHORT_LEASE_MS = 600
+
+
+def attempts_of(result_id: str) -> list[tuple[int, str]]:
+    rows = WorkflowStepAttempt.objects.filter(step__run_id=result_id).order_by("attempt")
+    return list(rows.values_list("attempt", "status"))
+
+
+def every_pass_short() -> Any:
+    """Every pass counts as short and no held outcome as old: the lane takes ahead whenever it may."""
+    return mock.patch.multiple(worker_passes, SHORT_PASS_S=3600, HOLD_WINDOW_S=3600)
+
+
+class TakeAheadTests(TransactionTestCase):
+    def test_a_lane_through_a_backlog_of_short_tasks_takes_several_in_one_commit(self) -> None:
+        results = [tasks.add.enqueue(i, 1) for i in range(TASKS)]
+        worker = Worker(holder="w-ahead", concurrency=1, batch=TASKS, interval=0.01)
+        with counting_commits() as counter, every_pass_short():
+            assert worker.run_batch() == TASKS
+        # The first take finds no pass timed yet and takes one run; the
+        # second takes a run and TAKE_AHEAD - 1 ahead, with the first's
+        # outcome; the third the last run, with those 8 outcomes; the last
+        # outcome goes alone.
+        assert worker_passes.TAKE_AHEAD == 8
+        assert counter.commits == 4, counter.report()
+        for i, result in enumerate(results):
+            result.refresh()
+            assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, i + 1)
+            assert attempts_of(result.id) == [(1, "succeeded")]
+            assert Lease.objects.current(f"workflow-run:{result.id}") is None
+
+    def test_a_batch_takes_no_more_than_it_has_room_for(self) -> None:
+        for i in range(TASKS):
+            tasks.add.enqueue(i, 1)
+        worker = Worker(holder="w-room", concurrency=1, batch=3, interval=0.01)
+        with every_pass_short():
+            assert worker.run_batch() == 3
+        assert WorkflowRun.objects.filter(status="completed").count() == 3
+        assert not Lease.objects.filter(
+            key__startswith="workflow-run:", expires_at__gt=Lease.objects.db_now_ms()
+        )
+
+    def test_no_run_is_taken_ahead_while_no_more_is_due_than_the_worker_has_lanes(self) -> None:
+        for i in range(4):
+            tasks.add.enqueue(i, 1)
+        worker = Worker(holder="w-lanes", concurrency=4, batch=4, interval=0.01)
+        with counting_commits() as counter, every_pass_short():
+            assert worker.run_batch() == 4
+        # One take per run (each with the outcome before it), and the last outcome alone.
+        assert counter.commits == 5, counter.report()
+
+    @override_settings(PIKKU_LEASE_TTL_MS=SHORT_LEASE_MS, PIKKU_STEP_LEASE_MS=SHORT_LEASE_MS)
+    def test_runs_taken_ahead_keep_their_leases_behind_a_long_run(self) -> None:
+        go = Path(self.id().replace(".", "_") + ".go")
+        self.addCleanup(go.unlink, missing_ok=True)
+        first = tasks.add.using(priority=3).enqueue(1, 1)
+        long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
+        behind = [tasks.add.using(priority=1).enqueue(i, 10) for i in range(2)]
+        worker = Worker(holder="w-long", concurrency=1, batch=4, interval=0.01)
+
+        def drive() -> None:
+            try:
+                with every_pass_short():
+                    worker.run_batch()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=drive, daemon=True)
+        thread.start()
+        try:
+            # The long run is in hand; the two behind it were taken with it.
+            step = poll_until(
+                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").first(), timeout=30
+            )
+            taken = {r.id: Lease.objects.current(f"workflow-run:{r.id}") for r in behind}
+            assert all(lease is not None and lease.holder == "w-long" for lease in taken.values()), taken
+            # Wait on the database clock until their first leases would have lapsed three times over.
+            lapsed_at = max(lease.expires_at for lease in taken.values() if lease) + 2 * SHORT_LEASE_MS
+            poll_until(lambda: Lease.objects.db_now_ms() > lapsed_at, timeout=30)
+            for result in behind:
+                lease = Lease.objects.current(f"workflow-run:{result.id}")
+                assert lease is not None and lease.token == taken[result.id].token  # type: ignore[union-attr]
+                claimed = WorkflowStep.objects.get(run_id=result.id)
+                assert (claimed.status, claimed.attempt) == ("running", 1)
+                assert claimed.lease_expires_at > Lease.objects.db_now_ms()
+            # Nothing else takes them meanwhile: not the sweep, not another
+            # worker (which finds their run leases held, and leaves them due later).
+            sweep()
+            Worker(holder="w-other", concurrency=1, batch=4, interval=0.01).run_batch()
+            for result in [long, *behind]:
+                assert attempts_of(result.id) == [(1, "running")], result.id
+                lease = Lease.objects.current(f"workflow-run:{result.id}")
+                assert lease is not None and lease.holder == "w-long", result.id
+            assert step.attempt == 1
+        finally:
+            go.touch()
+            thread.join(60)
+        assert not thread.is_alive()
+        for result in [first, long, *behind]:
+            result.refresh()
+            assert result.status == TaskResultStatus.SUCCESSFUL, result.id
+            assert attempts_of(result.id) == [(1, "succeeded")], result.id
+
+    def test_outcomes_held_behind_a_long_run_are_written_within_the_window(self) -> None:
+        go = Path(self.id().replace(".", "_") + ".go")
+        self.addCleanup(go.unlink, missing_ok=True)
+        first = tasks.add.using(priority=4).enqueue(1, 1)
+        short = tasks.add.using(priority=3).enqueue(2, 2)
+        long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
+        behind = [tasks.add.using(priority=1).enqueue(i, 10) for i in range(2)]
+        worker = Worker(holder="w-window", concurrency=1, interval=0.01, sweep_interval=60)
+
+        def run() -> None:
+            try:
+                # Every pass counts as short: the second take takes the long run
+                # ahead, behind the short one whose outcome it then holds.
+                with mock.patch.object(worker_passes, "SHORT_PASS_S", 3600):
+                    worker.run()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            poll_until(
+                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").exists(), timeout=30
+            )
+            # The long run is in hand, and the short one's outcome, held for
+            # the lane's next take, is written by the flush loop meanwhile.
+            poll_until(lambda: WorkflowRun.objects.get(pk=short.id).status == "completed", timeout=10)
+            assert WorkflowRun.objects.get(pk=long.id).status == "running"
+            assert Lease.objects.current(f"workflow-run:{short.id}") is None
+        finally:
+            go.touch()
+            poll_until(lambda: WorkflowRun.objects.filter(status="completed").count() == 5, timeout=30)
+            worker.stop()
+            thread.join(30)
+        assert not thread.is_alive()
+        for result in [first, short, long, *behind]:
+            result.refresh()
+            assert result.status == TaskResultStatus.SUCCESSFUL, result.id
+            assert attempts_of(result.id) == [(1, "succeeded")], result.id
+
+    def test_a_run_cancelled_while_taken_ahead_never_runs_its_task(self) -> None:
+        go = Path(self.id().replace(".", "_") + ".go")
+        self.addCleanup(go.unlink, missing_ok=True)
+        tasks.add.using(priority=3).enqueue(1, 1)
+        long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
+        cancelled, kept = (tasks.note.using(priority=1).enqueue(label) for label in ("cancelled", "kept"))
+        worker = Worker(holder="w-cancel", concurrency=1, batch=4, interval=0.01)
+
+        def drive() -> None:
+            try:
+                with every_pass_short():
+                    worker.run_batch()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=drive, daemon=True)
+        thread.start()
+        try:
+            poll_until(
+                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").exists(), timeout=30
+            )
+            # Taken with the long run, its step claimed: cancelled before its pass starts.
+            assert WorkflowStep.objects.get(run_id=cancelled.id).status == "running"
+            assert cancel_workflow(cancelled.id)
+        finally:
+            go.touch()
+            thread.join(60)
+        assert not thread.is_alive()
+        assert list(StepCall.objects.values_list("step", flat=True)) == ["kept"]
+        cancelled.refresh()
+        kept.refresh()
+        assert (cancelled.status, kept.status) == (TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL)
+        assert WorkflowRun.objects.get(pk=cancelled.id).status == "cancelled"
