@@ -148,8 +148,7 @@ class Worker(WorkerPasses):
         beside: list[Poller] = []
         if not self.once and self.name_lock is not None:
             beside.append(NameLoop(self, self.name_lock))
-        if not self.once:
-            beside.append(FlushLoop(self))
+        beside.append(FlushLoop(self))
         if self.sweep_interval is not None:
             beside.append(SweepLoop(self))
         if self.schedules and not self.once:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,7 +20,6 @@ from pikku_django import wakeups
 from pikku_django.conf import conf
 from pikku_django.errors import LeaseLostError
 from pikku_django.held import HOLD_WINDOW_S, HeldOutcomes
-from pikku_django.leases import KeepAlive, LeaseRenewal
 from pikku_django.loops import refresh_connections
 from pikku_django.managers.base import hot_cursor
 from pikku_django.managers.conflicts import is_conflict
@@ -30,7 +28,7 @@ from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
-from pikku_django.workflows.attempts import StepLeaseRenewal
+from pikku_django.worker_ahead import AheadPasses
 from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.registry import first_step_of
 from pikku_django.workflows.runner import drive_run
@@ -38,7 +36,7 @@ from pikku_django.workflows.runner import drive_run
 logger = logging.getLogger("pikku_django.worker")
 
 
-class WorkerPasses:
+class WorkerPasses(AheadPasses):
     """``Worker``'s passes (see the module docstring)."""
 
     using: str
@@ -49,10 +47,6 @@ class WorkerPasses:
     queues: list[str] | None
     stopping: threading.Event
     _held: HeldOutcomes
-    #: Whether each lane's last pass was short (``SHORT_PASS_S``).
-    _short: dict[str, bool]
-    #: How many more runs ``run_batch`` may drive (None outside it).
-    _room: int | None
     _due_statements: dict[int, tuple[str, tuple[Any, ...]]]
 
     def lane_holder(self, index: int) -> str:
@@ -128,17 +122,6 @@ class WorkerPasses:
             if not newly_full:
                 return False
         return False
-
-    def _ahead(self, holder: str, due: int) -> int:
-        """
-        How many runs a take of ``holder``'s may take ahead of the one it
-        drives first (``managers.passes.take_run``): a lane whose last pass
-        was short, while more runs are due than this worker has lanes, takes
-        up to ``TAKE_AHEAD`` in one commit; otherwise one.
-        """
-        if self.max_runs is not None or due <= self.concurrency or not self._short.get(holder, False):
-            return 0
-        return max(0, min(TAKE_AHEAD, self._room or TAKE_AHEAD) - 1)
 
     def run_batch(self) -> int:
         """Drive up to ``batch`` due runs one after another in this thread; returns how many."""
@@ -252,12 +235,9 @@ class WorkerPasses:
                 if not slot:
                     return None
                 took = self.take(run_id, wake_at, holder, alternates=alternates, ahead=ahead)
-                kept = [_keep_ahead(more, self.using) for more in took.ahead]
-                if kept:
-                    # Drove nothing yet: the runs taken ahead count as passes too.
-                    for _ in kept:
-                        self._reserve()
-                    self._drive_ahead(took, holder, kept, hold)
+                if took.ahead:
+                    # Only ever with alternates: of queues with no limit, like this one.
+                    self._drive_ahead(took, holder, hold)
                     return True
                 if not took.taken:
                     return False
@@ -275,45 +255,6 @@ class WorkerPasses:
             # The pass is over; its writes were fenced by their own leases.
             logger.warning("%s lost its slot of queue %r while driving run %s.", holder, queue, run_id)
             return True
-
-    def _timed_drive(self, took: Take, holder: str, hold: bool, *, ahead: bool = False) -> None:
-        """Drive a run the take got, and note whether its pass was short (``_ahead``)."""
-        assert took.run is not None
-        started = time.monotonic()
-        self.drive(
-            took.run,
-            holder,
-            lease=took.lease,
-            claimed=took.claimed,
-            hold=hold,
-            steps=took.steps,
-            taken_ahead=ahead,
-        )
-        self._short[holder] = time.monotonic() - started < SHORT_PASS_S
-
-    def _drive_ahead(self, took: Take, holder: str, kept: list[list[KeepAlive]], hold: bool) -> None:
-        """
-        Drive the run a take got, then the runs it took ahead, one after
-        another; each one's leases are kept by the process's keeper until
-        its pass starts, and outcomes held longer than ``HOLD_WINDOW_S`` are
-        written before the next run starts. Runs not driven (an outage, an
-        abort) are left to lapse, as a crash would leave them.
-        """
-        runs = [(took, list[KeepAlive]()), *zip(took.ahead, kept, strict=True)]
-        try:
-            for index, (run, renewals) in enumerate(runs):
-                for renewal in renewals:
-                    renewal.stop()
-                if run.lease is None or run.run is None:
-                    continue
-                age = self._held.age(holder)
-                if age is not None and age > HOLD_WINDOW_S:
-                    self.flush(holder)
-                self._timed_drive(run, holder, hold, ahead=index > 0)
-        finally:
-            for _, renewals in runs:
-                for renewal in renewals:
-                    renewal.stop()
 
     def take(
         self,
@@ -409,26 +350,6 @@ class WorkerPasses:
 
 #: How many due runs after the first a take may fall back on in its commit.
 ALTERNATES = 8
-#: The most runs a lane takes in one commit (``WorkerPasses._ahead``).
-TAKE_AHEAD = 8
-#: A pass this short (seconds, from its start to its outcome held) lets the
-#: lane's next take take runs ahead.
-SHORT_PASS_S = 0.005
-
-
-def _keep_ahead(took: Take, using: str) -> list[KeepAlive]:
-    """
-    Renew the leases of a run taken ahead (its run lease, and its step's when
-    the take claimed it) through the process's keeper until its pass starts.
-    """
-    assert took.lease is not None and took.run is not None
-    renewals: list[KeepAlive] = [LeaseRenewal(took.lease, conf.LEASE_TTL_MS, using)]
-    step = first_step_of(took.run)
-    if took.steps and step is not None:
-        renewals.append(StepLeaseRenewal(took.steps[0], step.lease_ms, using))
-    for renewal in renewals:
-        renewal.start()
-    return renewals
 
 
 def _alternates(due: list[tuple[Any, int | None, str]], full: set[str]) -> list[tuple[Any, int | None]]:

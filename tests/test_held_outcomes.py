@@ -15,7 +15,7 @@ from unittest import mock
 from django.db.models import F
 from django.test import TransactionTestCase
 
-from pikku_django import worker_passes
+from pikku_django import worker_ahead
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.sweep import sweep
 from pikku_django.tasks.compat import TaskResultStatus
@@ -55,7 +55,7 @@ class HeldOutcomeTests(TransactionTestCase):
         results = [tasks.add.enqueue(i, 1) for i in range(TASKS)]
         # Every pass counts as long: no take takes runs ahead (test_take_ahead.py).
         worker = Worker(holder="w-held", concurrency=1, batch=TASKS, interval=0.01)
-        with counting_commits() as counter, mock.patch.object(worker_passes, "SHORT_PASS_S", 0):
+        with counting_commits() as counter, mock.patch.object(worker_ahead, "SHORT_PASS_S", 0):
             assert worker.run_batch() == TASKS
         # Each take carries the outcome before it; the last outcome goes alone.
         assert counter.commits == TASKS + 1, counter.report()

@@ -16,7 +16,7 @@ from unittest import mock
 from django.db import connections
 from django.test import TransactionTestCase, override_settings
 
-from pikku_django import worker_passes
+from pikku_django import worker_ahead
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.sweep import sweep
 from pikku_django.tasks.compat import TaskResultStatus
@@ -40,7 +40,7 @@ def attempts_of(result_id: str) -> list[tuple[int, str]]:
 
 def every_pass_short() -> Any:
     """Every pass counts as short and no held outcome as old: the lane takes ahead whenever it may."""
-    return mock.patch.multiple(worker_passes, SHORT_PASS_S=3600, HOLD_WINDOW_S=3600)
+    return mock.patch.multiple(worker_ahead, SHORT_PASS_S=3600, HOLD_WINDOW_S=3600)
 
 
 class TakeAheadTests(TransactionTestCase):
@@ -53,7 +53,7 @@ class TakeAheadTests(TransactionTestCase):
         # second takes a run and TAKE_AHEAD - 1 ahead, with the first's
         # outcome; the third the last run, with those 8 outcomes; the last
         # outcome goes alone.
-        assert worker_passes.TAKE_AHEAD == 8
+        assert worker_ahead.TAKE_AHEAD == 8
         assert counter.commits == 4, counter.report()
         for i, result in enumerate(results):
             result.refresh()
@@ -146,7 +146,7 @@ class TakeAheadTests(TransactionTestCase):
             try:
                 # Every pass counts as short: the second take takes the long run
                 # ahead, behind the short one whose outcome it then holds.
-                with mock.patch.object(worker_passes, "SHORT_PASS_S", 3600):
+                with mock.patch.object(worker_ahead, "SHORT_PASS_S", 3600):
                     worker.run()
             finally:
                 connections.close_all()
