@@ -20,8 +20,9 @@ from pikku_django.workflows.attempts import StepLeaseRenewal
 from pikku_django.workflows.registry import first_step_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pikku_django.managers.passes import Take
-    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
 #: The most runs a lane takes in one commit (``AheadPasses._ahead``).
 TAKE_AHEAD = 8
@@ -57,24 +58,13 @@ class AheadPasses:
     _short: dict[str, bool]
     #: How many more runs ``run_batch`` may drive (None outside it).
     _room: int | None
+    #: ``WorkerPasses.drive``.
+    drive: Callable[..., None]
 
     def _reserve(self) -> bool:
         raise NotImplementedError
 
     def flush(self, holder: str) -> None:
-        raise NotImplementedError
-
-    def drive(
-        self,
-        run: WorkflowRun,
-        holder: str | None = None,
-        *,
-        lease: Lease | None = None,
-        claimed: dict[str, int] | None = None,
-        hold: bool = False,
-        steps: list[WorkflowStep] | None = None,
-        taken_ahead: bool = False,
-    ) -> None:
         raise NotImplementedError
 
     def _ahead(self, holder: str, due: int) -> int:

@@ -9,6 +9,8 @@ starts, so a long run before them costs them time, never an attempt.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -81,29 +83,54 @@ class TakeAheadTests(TransactionTestCase):
         # One take per run (each with the outcome before it), and the last outcome alone.
         assert counter.commits == 5, counter.report()
 
-    @override_settings(PIKKU_LEASE_TTL_MS=SHORT_LEASE_MS, PIKKU_STEP_LEASE_MS=SHORT_LEASE_MS)
-    def test_runs_taken_ahead_keep_their_leases_behind_a_long_run(self) -> None:
+    @contextmanager
+    def long_run_in_hand(
+        self, run: Callable[[], object], then: Callable[[], None] | None = None
+    ) -> Iterator[Any]:
+        """
+        ``run()`` (a worker's) on a thread of its own, with a task of priority
+        2 that waits for the test's go-ahead: yields that task's result once
+        its step runs; on exit, lets it end, calls ``then()`` and waits for
+        the thread.
+        """
         go = Path(self.id().replace(".", "_") + ".go")
         self.addCleanup(go.unlink, missing_ok=True)
-        first = tasks.add.using(priority=3).enqueue(1, 1)
         long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
-        behind = [tasks.add.using(priority=1).enqueue(i, 10) for i in range(2)]
-        worker = Worker(holder="w-long", concurrency=1, batch=4, interval=0.01)
 
-        def drive() -> None:
+        def target() -> None:
             try:
-                with every_pass_short():
-                    worker.run_batch()
+                run()
             finally:
                 connections.close_all()
 
-        thread = threading.Thread(target=drive, daemon=True)
+        thread = threading.Thread(target=target, daemon=True)
         thread.start()
         try:
-            # The long run is in hand; the two behind it were taken with it.
-            step = poll_until(
-                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").first(), timeout=30
+            poll_until(
+                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").exists(), timeout=30
             )
+            yield long
+        finally:
+            go.touch()
+            if then is not None:
+                then()
+            thread.join(60)
+        assert not thread.is_alive()
+
+    def batch_of_short_passes(self, worker: Worker) -> Callable[[], object]:
+        def run() -> object:
+            with every_pass_short():
+                return worker.run_batch()
+
+        return run
+
+    @override_settings(PIKKU_LEASE_TTL_MS=SHORT_LEASE_MS, PIKKU_STEP_LEASE_MS=SHORT_LEASE_MS)
+    def test_runs_taken_ahead_keep_their_leases_behind_a_long_run(self) -> None:
+        first = tasks.add.using(priority=3).enqueue(1, 1)
+        behind = [tasks.add.using(priority=1).enqueue(i, 10) for i in range(2)]
+        worker = Worker(holder="w-long", concurrency=1, batch=4, interval=0.01)
+        with self.long_run_in_hand(self.batch_of_short_passes(worker)) as long:
+            # The long run is in hand; the two behind it were taken with it.
             taken = {r.id: Lease.objects.current(f"workflow-run:{r.id}") for r in behind}
             assert all(lease is not None and lease.holder == "w-long" for lease in taken.values()), taken
             # Wait on the database clock until their first leases would have lapsed three times over.
@@ -123,84 +150,46 @@ class TakeAheadTests(TransactionTestCase):
                 assert attempts_of(result.id) == [(1, "running")], result.id
                 lease = Lease.objects.current(f"workflow-run:{result.id}")
                 assert lease is not None and lease.holder == "w-long", result.id
-            assert step.attempt == 1
-        finally:
-            go.touch()
-            thread.join(60)
-        assert not thread.is_alive()
         for result in [first, long, *behind]:
             result.refresh()
             assert result.status == TaskResultStatus.SUCCESSFUL, result.id
             assert attempts_of(result.id) == [(1, "succeeded")], result.id
 
     def test_outcomes_held_behind_a_long_run_are_written_within_the_window(self) -> None:
-        go = Path(self.id().replace(".", "_") + ".go")
-        self.addCleanup(go.unlink, missing_ok=True)
         first = tasks.add.using(priority=4).enqueue(1, 1)
         short = tasks.add.using(priority=3).enqueue(2, 2)
-        long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
         behind = [tasks.add.using(priority=1).enqueue(i, 10) for i in range(2)]
         worker = Worker(holder="w-window", concurrency=1, interval=0.01, sweep_interval=60)
 
         def run() -> None:
-            try:
-                # Every pass counts as short: the second take takes the long run
-                # ahead, behind the short one whose outcome it then holds.
-                with mock.patch.object(worker_ahead, "SHORT_PASS_S", 3600):
-                    worker.run()
-            finally:
-                connections.close_all()
+            # Every pass counts as short: the second take takes the long run
+            # ahead, behind the short one whose outcome it then holds.
+            with mock.patch.object(worker_ahead, "SHORT_PASS_S", 3600):
+                worker.run()
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        try:
-            poll_until(
-                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").exists(), timeout=30
-            )
-            # The long run is in hand, and the short one's outcome, held for
-            # the lane's next take, is written by the flush loop meanwhile.
+        def stop() -> None:
+            poll_until(lambda: WorkflowRun.objects.filter(status="completed").count() == 5, timeout=30)
+            worker.stop()
+
+        with self.long_run_in_hand(run, then=stop) as long:
+            # The short run's outcome, held for the lane's next take, is
+            # written by the flush loop while the long run is in hand.
             poll_until(lambda: WorkflowRun.objects.get(pk=short.id).status == "completed", timeout=10)
             assert WorkflowRun.objects.get(pk=long.id).status == "running"
             assert Lease.objects.current(f"workflow-run:{short.id}") is None
-        finally:
-            go.touch()
-            poll_until(lambda: WorkflowRun.objects.filter(status="completed").count() == 5, timeout=30)
-            worker.stop()
-            thread.join(30)
-        assert not thread.is_alive()
         for result in [first, short, long, *behind]:
             result.refresh()
             assert result.status == TaskResultStatus.SUCCESSFUL, result.id
             assert attempts_of(result.id) == [(1, "succeeded")], result.id
 
     def test_a_run_cancelled_while_taken_ahead_never_runs_its_task(self) -> None:
-        go = Path(self.id().replace(".", "_") + ".go")
-        self.addCleanup(go.unlink, missing_ok=True)
         tasks.add.using(priority=3).enqueue(1, 1)
-        long = tasks.wait_for_file.using(priority=2).enqueue(str(go.resolve()))
         cancelled, kept = (tasks.note.using(priority=1).enqueue(label) for label in ("cancelled", "kept"))
         worker = Worker(holder="w-cancel", concurrency=1, batch=4, interval=0.01)
-
-        def drive() -> None:
-            try:
-                with every_pass_short():
-                    worker.run_batch()
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=drive, daemon=True)
-        thread.start()
-        try:
-            poll_until(
-                lambda: WorkflowStep.objects.filter(run_id=long.id, status="running").exists(), timeout=30
-            )
+        with self.long_run_in_hand(self.batch_of_short_passes(worker)):
             # Taken with the long run, its step claimed: cancelled before its pass starts.
             assert WorkflowStep.objects.get(run_id=cancelled.id).status == "running"
             assert cancel_workflow(cancelled.id)
-        finally:
-            go.touch()
-            thread.join(60)
-        assert not thread.is_alive()
         assert list(StepCall.objects.values_list("step", flat=True)) == ["kept"]
         cancelled.refresh()
         kept.refresh()
