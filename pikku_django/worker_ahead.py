@@ -79,7 +79,10 @@ class AheadPasses:
         return max(0, min(TAKE_AHEAD, self._room or TAKE_AHEAD) - 1)
 
     def _timed_drive(self, took: Take, holder: str, hold: bool, *, ahead: bool = False) -> None:
-        """Drive a run the take got, and note whether its pass was short (``_ahead``)."""
+        """
+        Drive a run the take got, and note whether its pass was short
+        (``_ahead``); ``ahead``: long after its take (``drive_run``'s ``taken_ahead``).
+        """
         assert took.run is not None
         started = time.monotonic()
         self.drive(
@@ -106,6 +109,7 @@ class AheadPasses:
             self._reserve()
         kept = [_keep_ahead(more, self.using) for more in took.ahead]
         runs = [(took, list[KeepAlive]()), *zip(took.ahead, kept, strict=True)]
+        taken_at = time.monotonic()
         try:
             for index, (run, renewals) in enumerate(runs):
                 for renewal in renewals:
@@ -115,7 +119,11 @@ class AheadPasses:
                 age = self._held.age(holder)
                 if age is not None and age > HOLD_WINDOW_S:
                     self.flush(holder)
-                self._timed_drive(run, holder, hold, ahead=index > 0)
+                # A run whose pass starts within the window of its take is
+                # as fresh as a run a take gets for itself: its take's check
+                # of the run's state holds. Later ones are checked again.
+                stale = index > 0 and time.monotonic() - taken_at > HOLD_WINDOW_S
+                self._timed_drive(run, holder, hold, ahead=stale)
         finally:
             for _, renewals in runs:
                 for renewal in renewals:

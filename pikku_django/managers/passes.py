@@ -155,6 +155,9 @@ def take_run(
                     take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
                     continue
                 extra = _take_within(alias, cursor, candidate, params, holder, retry_ms, only_step)
+                if not extra.taken:
+                    # Another lane is taking these too: leave it the rest.
+                    break
                 if extra.lease is not None and extra.run is not None:
                     more.append(extra)
             if more:
