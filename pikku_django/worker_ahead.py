@@ -104,7 +104,7 @@ class AheadPasses:
         written before the next run starts. Runs not driven (an outage, an
         abort) are left to lapse, as a crash would leave them.
         """
-        # Drove nothing yet: the runs taken ahead count as passes too.
+        # The runs taken ahead count as passes too (the first was reserved by its look).
         for _ in took.ahead:
             self._reserve()
         kept = [_keep_ahead(more, self.using) for more in took.ahead]
@@ -112,8 +112,9 @@ class AheadPasses:
         taken_at = time.monotonic()
         try:
             for index, (run, renewals) in enumerate(runs):
-                for renewal in renewals:
-                    renewal.stop()
+                # Its pass keeps its leases from here on.
+                while renewals:
+                    renewals.pop().stop()
                 if run.lease is None or run.run is None:
                     continue
                 age = self._held.age(holder)
@@ -125,6 +126,7 @@ class AheadPasses:
                 stale = index > 0 and time.monotonic() - taken_at > HOLD_WINDOW_S
                 self._timed_drive(run, holder, hold, ahead=stale)
         finally:
+            # Those of runs not driven (an outage, an abort), left to lapse.
             for _, renewals in runs:
                 for renewal in renewals:
                     renewal.stop()

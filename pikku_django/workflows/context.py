@@ -89,7 +89,8 @@ class RunContext(FanOutMixin, WaitsMixin):
         #: ``running_at``).
         self.in_hand: WorkflowStep | None = None
         #: The take that claimed the steps in hand checked the run's state
-        #: right before this pass (False for a run taken ahead of others).
+        #: right before this pass (False for a run taken ahead of others
+        #: whose pass starts long after its take).
         self.take_checked = True
         # One read of every step (or every step as the take read them): finished steps replay from here.
         if steps is None:
