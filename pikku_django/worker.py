@@ -32,6 +32,7 @@ from pikku_django.managers.wakeups import Listener, carries_notifications
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.schedules import tick
+from pikku_django.taking import Taking
 from pikku_django.watchers import LANE_FALLBACK_S, looks_for_lanes, watchers
 from pikku_django.worker_loops import FlushLoop, Lane, NameLoop, SchedulerLoop, SweepLoop
 from pikku_django.worker_passes import WorkerPasses
@@ -89,6 +90,7 @@ class Worker(WorkerPasses):
         self._due_statements: dict[int, tuple[str, tuple[Any, ...]]] = {}
         # Each lane's outcome kept for its next take, by lane holder (``drive_next``'s ``hold``).
         self._held = HeldOutcomes()
+        self._taking = Taking()
         self._short: dict[str, bool] = {}
         self._room: int | None = None
         self._signals = 0

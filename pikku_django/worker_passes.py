@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from pikku_django.managers.runs import WorkflowRunQuerySet
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
+from pikku_django.taking import Taking
 from pikku_django.worker_ahead import AheadPasses
 from pikku_django.workflows.context import RETRY_SOON_MS
 from pikku_django.workflows.registry import first_step_of
@@ -47,6 +49,7 @@ class WorkerPasses(AheadPasses):
     queues: list[str] | None
     stopping: threading.Event
     _held: HeldOutcomes
+    _taking: Taking
     _due_statements: dict[int, tuple[str, tuple[Any, ...]]]
 
     def lane_holder(self, index: int) -> str:
@@ -92,9 +95,17 @@ class WorkerPasses(AheadPasses):
         return took
 
     def _drive_next(self, holder: str, full: set[str], hold: bool) -> bool:
+        looks = 0
         while not self.stopping.is_set():
             newly_full = False
-            due = self.due(exclude=full)
+            looks += 1
+            since = time.monotonic()
+            # Past the runs other lanes of this process are taking, which it leaves to them.
+            looked = self.due(exclude=full)
+            due = self._taking.claim(looked, since)
+            if looked and not due and looks < LOOKS:
+                # Every run seen was another lane's: what they took is gone from a new look.
+                continue
             if len(due) > 1:
                 # More is due than this lane takes: wake one more idle lane
                 # for the next (which does the same), so a burst fans out.
@@ -106,9 +117,9 @@ class WorkerPasses(AheadPasses):
                 if not self._reserve():
                     return False
                 alternates = _alternates(due[index + 1 :], full) if conf.concurrency(queue) is None else []
-                ahead = self._ahead(holder, len(due)) if hold and alternates else 0
+                ahead = self._ahead(holder, len(looked)) if hold and alternates else 0
                 outcome = self.take_and_drive(
-                    run_id, wake_at, queue, holder, hold=hold, alternates=alternates, ahead=ahead
+                    run_id, wake_at, queue, holder, hold=hold, alternates=alternates, ahead=ahead, since=since
                 )
                 if outcome:
                     return True
@@ -146,11 +157,13 @@ class WorkerPasses(AheadPasses):
         self, exclude: Iterable[str] = (), *, limit: int | None = None
     ) -> list[tuple[Any, int | None, str]]:
         """
-        Up to ``limit`` (``batch``) due runs of this worker's queues, but not of
+        Up to ``limit`` due runs of this worker's queues, but not of
         ``exclude``, as (id, wake_at, queue): highest priority first, then the
         earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
+        By default ``batch``, and as many more as this process's lanes are
+        taking now (``taking``: a lane leaves those to them).
         """
-        limit = self.batch if limit is None else limit
+        limit = self.batch + self._taking.busy() if limit is None else limit
         if exclude:
             return self._runs(exclude).next_due(limit)
         # The usual look (no queue left out) is compiled once per limit:
@@ -220,6 +233,7 @@ class WorkerPasses(AheadPasses):
         hold: bool = False,
         alternates: Sequence[tuple[Any, int | None]] = (),
         ahead: int = 0,
+        since: float | None = None,
     ) -> bool | None:
         """
         Drive one due run under a slot of its queue: True if it was driven,
@@ -227,14 +241,15 @@ class WorkerPasses(AheadPasses):
         queue is taken (the run stays due). ``alternates``: due runs of
         queues with no limit, taken instead in the same commit, in order,
         if this one is not (``managers.passes.take_run``); ``ahead``: how
-        many of them may be taken too, and driven after it (``_drive_ahead``).
+        many of them may be taken too, and driven after it (``_drive_ahead``);
+        ``since``: when the look that found them began (``take``).
         """
         holder = holder or self.lane_holder(0)
         try:
             with queue_slot(queue, holder, using=self.using) as slot:
                 if not slot:
                     return None
-                took = self.take(run_id, wake_at, holder, alternates=alternates, ahead=ahead)
+                took = self.take(run_id, wake_at, holder, alternates=alternates, ahead=ahead, since=since)
                 if took.ahead:
                     # Only ever with alternates: of queues with no limit, like this one.
                     self._drive_ahead(took, holder, hold)
@@ -264,6 +279,7 @@ class WorkerPasses(AheadPasses):
         *,
         alternates: Sequence[tuple[Any, int | None]] = (),
         ahead: int = 0,
+        since: float | None = None,
     ) -> Take:
         """
         Claim one due run for a pass, with its run lease, in one commit
@@ -272,8 +288,30 @@ class WorkerPasses(AheadPasses):
         read the same value matches nothing; if this one dies, the run is due
         again once its lease is gone. A Django task's step is claimed in the
         same commit (``FirstStep``).
+
+        ``since``: when the look that read these runs began; runs another
+        lane of this process is taking, or took since, are left to it
+        (``taking``), and those this take means to take (the first, and
+        ``ahead`` more) marked as this lane's until it ends.
         """
         holder = holder or self.lane_holder(0)
+        candidates = [(run_id, wake_at), *alternates]
+        if since is None:
+            return self._take(candidates, holder, ahead)
+        wake_ats = dict(candidates)
+        free = self._taking.start(list(wake_ats), since, keep=1 + ahead)
+        took = Take(False, run_id=run_id)
+        try:
+            if free:
+                took = self._take([(candidate, wake_ats[candidate]) for candidate in free], holder, ahead)
+        finally:
+            taken = [took.run_id] if took.taken else []
+            self._taking.end(free[: 1 + ahead], [*taken, *(more.run_id for more in took.ahead)])
+        return took
+
+    def _take(self, candidates: list[tuple[Any, int | None]], holder: str, ahead: int) -> Take:
+        """``take`` of the first of ``candidates``, or else of the next, in order."""
+        (run_id, wake_at), *alternates = candidates
         finishes = self._held.pop(holder)
         args = (self.using, run_id, wake_at, holder, conf.LEASE_TTL_MS, RETRY_SOON_MS)
         take = functools.partial(
@@ -350,6 +388,9 @@ class WorkerPasses(AheadPasses):
 
 #: How many due runs after the first a take may fall back on in its commit.
 ALTERNATES = 8
+#: How many looks a lane makes in one ``drive_next`` while every run each
+#: finds is another lane's.
+LOOKS = 3
 
 
 def _alternates(due: list[tuple[Any, int | None, str]], full: set[str]) -> list[tuple[Any, int | None]]:
