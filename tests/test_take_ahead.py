@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from django.db import connections
+from django.db import connection, connections
+from django.db.models import F
 from django.test import TransactionTestCase, override_settings
 
 from pikku_django import worker_ahead
@@ -82,6 +83,41 @@ class TakeAheadTests(TransactionTestCase):
             assert worker.run_batch() == 4
         # One take per run (each with the outcome before it), and the last outcome alone.
         assert counter.commits == 5, counter.report()
+
+    def test_the_outcomes_a_lane_holds_are_written_together(self) -> None:
+        results = [tasks.add.enqueue(i, 1) for i in range(worker_ahead.TAKE_AHEAD + 1)]
+        worker = Worker(holder="w-together", concurrency=1, batch=len(results), interval=0.01)
+        holder = worker.lane_holder(0)
+        with every_pass_short():
+            # One run, then TAKE_AHEAD taken ahead: their outcomes are held.
+            assert worker._drive_next(holder, set(), True)
+            assert worker._drive_next(holder, set(), True)
+        sent: list[str] = []
+
+        def count(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+            sent.append(sql)
+            return execute(sql, *args)
+
+        for result in results:
+            result.refresh()
+        assert [r.status for r in results].count(TaskResultStatus.RUNNING) == worker_ahead.TAKE_AHEAD
+        # One of them was superseded meanwhile (its step claimed again): its
+        # outcome alone is refused; the others' guards are their own.
+        superseded = results[4]
+        WorkflowStep.objects.filter(run_id=superseded.id).update(attempt=F("attempt") + 1)
+        with connection.execute_wrapper(count):
+            worker.flush(holder)
+        for i, result in enumerate(results):
+            result.refresh()
+            if result is superseded:
+                assert result.status == TaskResultStatus.RUNNING
+                assert WorkflowRun.objects.get(pk=result.id).status == "running"
+            else:
+                assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, i + 1)
+            assert Lease.objects.current(f"workflow-run:{result.id}") is None
+        if connection.vendor == "mysql":
+            # Every pass's end in one round trip, and the COMMIT.
+            assert len(sent) == 2, sent
 
     @contextmanager
     def long_run_in_hand(

@@ -93,6 +93,18 @@ def batch(
     the server at that statement, and the transaction is rolled back.
     """
     texts = [sql.statement(name, connection) for name in names]
+    return send(connection, cursor, texts, params, within=within)
+
+
+def send(
+    connection: BaseDatabaseWrapper,
+    cursor: Any,
+    texts: list[str],
+    params: dict[str, Any],
+    *,
+    within: bool = False,
+) -> list[Any]:
+    """``batch`` of statements already rendered (``texts``)."""
     results = []
 
     def result() -> tuple[Any, ...]:

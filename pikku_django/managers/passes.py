@@ -37,7 +37,7 @@ from pikku_django.managers.base import ensure_autocommit, hot_cursor, model_from
 from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
-from pikku_django.managers.drivers.base import done_params
+from pikku_django.managers.drivers.base import PassEnd, done_params
 from pikku_django.managers.fence import RunFence
 from pikku_django.managers.lifecycle import UNKNOWN, finish_run, outcome_params, stamp_end
 from pikku_django.sql.runs import RUN_OUTCOMES
@@ -144,7 +144,7 @@ def take_run(
 
     def write() -> tuple[list[tuple[bool, bool | None]], Take]:
         with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
-            written = [held.write_within() for held in finishes]
+            written = write_within(alias, finishes)
             take = Take(False)
             more: list[Take] = []
             for candidate, read_wake_at in candidates:
@@ -175,11 +175,33 @@ def write_held(alias: str, finishes: Sequence[HeldFinish]) -> None:
 
     def write() -> list[tuple[bool, bool | None]]:
         with _transaction(alias):
-            return [held.write_within() for held in finishes]
+            return write_within(alias, finishes)
 
     written = retried(connections[alias], write)
     for held, answer in zip(finishes, written, strict=True):
         held.committed(*answer)
+
+
+def write_within(alias: str, finishes: Sequence[HeldFinish]) -> list[tuple[bool, bool | None]]:
+    """
+    Held outcomes (``HeldFinish.write_within``) in the caller's transaction:
+    those that are a pass's end, all in the fewest round trips the vendor
+    allows (``Driver.end_passes``), then the others one by one. Each keeps
+    its own guards. Their answers, in the order of ``finishes``.
+    """
+    connection = connections[alias]
+    written: list[tuple[bool, bool | None] | None] = [None] * len(finishes)
+    ends = [(index, held.end()) for index, held in enumerate(finishes)]
+    folded = [(index, end) for index, end in ends if end is not None]
+    if folded:
+        with hot_cursor(connection) as cursor:
+            answers = driver(connection).end_passes(connection, cursor, [end for _, end in folded])
+        for (index, _), answer in zip(folded, answers, strict=True):
+            written[index] = finishes[index].ended(answer)
+    return [
+        held.write_within() if answer is None else answer
+        for held, answer in zip(finishes, written, strict=True)
+    ]
 
 
 def _take_within(
@@ -327,9 +349,11 @@ class HeldFinish:
         what the release answered). A superseded last step writes nothing
         and records nothing; the run lease is released all the same.
         """
-        ended = self._in_one()
-        if ended is not None:
-            return ended
+        end = self.end()
+        if end is not None:
+            connection = connections[self.alias]
+            with hot_cursor(connection) as cursor:
+                return self.ended(driver(connection).end_pass(connection, cursor, *end))
         try:
             done = _outcome_within(
                 self.alias, self.run_id, self.status, self.outcome, None, self.fence, self.fields, self.run
@@ -339,19 +363,19 @@ class HeldFinish:
             done = False
         return done, _release_within(self.alias, self.held)
 
-    def _in_one(self) -> tuple[bool, bool | None] | None:
+    def end(self) -> tuple[str, dict[str, Any]] | None:
         """
-        ``write_within`` in one statement or round trip where the vendor
-        folds a pass's end (``sql.ends``); None where it does not, or for an
-        outcome that is not the last step's success or failure with the
+        ``write_within`` as one pass's end (``Driver.end_pass``'s statement
+        name and parameters) where the vendor folds a pass's end into one
+        statement or round trip (``sql.ends``); None where it does not, or for
+        an outcome that is not the last step's success or failure with the
         run's completion or failure.
         """
         from pikku_django.models import WorkflowStep
 
         name = RUN_OUTCOMES.get(tuple(sorted(self.fields)))
         connection = connections[self.alias]
-        vendor = driver(connection)
-        if self.outcome is None or self.held is None or name is None or not vendor.ends_passes:
+        if self.outcome is None or self.held is None or name is None or not driver(connection).ends_passes:
             return None
         lease = self.held.lease
         params = {
@@ -363,8 +387,11 @@ class HeldFinish:
             "holder": lease.holder,
             "token": lease.token,
         }
-        with hot_cursor(connection) as cursor:
-            finished, ended, released = vendor.end_pass(connection, cursor, f"pass_end_{name}", params)
+        return f"pass_end_{name}", params
+
+    def ended(self, answer: PassEnd) -> tuple[bool, bool | None]:
+        """``write_within``'s answer, from what its ``end`` answered."""
+        finished, ended, released = answer
         if not finished:
             _superseded(self.run_id)
             return False, released

@@ -80,6 +80,15 @@ class Driver:
         """
         raise NotImplementedError
 
+    def end_passes(
+        self, connection: BaseDatabaseWrapper, cursor: Any, ends: list[tuple[str, dict[str, Any]]]
+    ) -> list[PassEnd]:
+        """
+        Several passes' ends (``end_pass``'s ``name`` and ``params`` each), in
+        the caller's transaction, in the fewest round trips the vendor allows.
+        """
+        return [self.end_pass(connection, cursor, name, params) for name, params in ends]
+
     # -- steps ------------------------------------------------------------------------
 
     def history(

@@ -7,12 +7,15 @@ and what a statement left in ``LAST_INSERT_ID``.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from pikku_django.managers.batches import batch
+from pikku_django import sql
+from pikku_django.managers.batches import batch, send
 from pikku_django.managers.drivers.base import Driver, PassEnd, StepFromRow, done_params
 
 if TYPE_CHECKING:
@@ -38,18 +41,24 @@ class MySQLDriver(Driver):
     ) -> PassEnd:
         # One round trip (sql.ends); the run's outcome is guarded by the step's LAST_INSERT_ID.
         # The end the run's outcome stored is read right after it (sql.ends.MYSQL_RUN_END_READ).
-        names = [
-            "mark",
-            "step_handoff_finish",
-            name,
-            "run_end_read",
-            "lease_release",
-            "pass_end_finish_history",
-        ]
-        _, (finished, *_), _, (_, _, rows, description), (released, *_), _ = batch(
-            connection, cursor, names, params, within=True
-        )
-        return finished == 1, (description, rows[0]) if rows else False, released == 1
+        return _pass_end(batch(connection, cursor, _pass_end_names(name), params, within=True))
+
+    def end_passes(
+        self, connection: BaseDatabaseWrapper, cursor: Any, ends: list[tuple[str, dict[str, Any]]]
+    ) -> list[PassEnd]:
+        # Every end in one round trip: each one's statements in turn, with
+        # parameters of its own (``_numbered``); each starts with the mark,
+        # so no end reads another's LAST_INSERT_ID.
+        if len(ends) == 1:
+            return [self.end_pass(connection, cursor, *ends[0])]
+        texts: list[str] = []
+        params: dict[str, Any] = {}
+        for index, (name, each) in enumerate(ends):
+            texts.extend(_numbered(sql.statement(n, connection), index) for n in _pass_end_names(name))
+            params.update({f"{key}__{index}": value for key, value in each.items()})
+        results = send(connection, cursor, texts, params, within=True)
+        size = len(_pass_end_names(""))
+        return [_pass_end(results[start : start + size]) for start in range(0, len(results), size)]
 
     def end_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
@@ -122,3 +131,23 @@ class MySQLDriver(Driver):
         names = ["mark", "step_finish", "step_finish_history"]
         _, (matched, *_), _ = batch(connection, cursor, names, params, within=within)
         return bool(matched == 1)
+
+
+def _pass_end_names(name: str) -> list[str]:
+    """A pass's end (``end_pass``), with the run's outcome ``name``."""
+    return ["mark", "step_handoff_finish", name, "run_end_read", "lease_release", "pass_end_finish_history"]
+
+
+def _pass_end(results: list[Any]) -> PassEnd:
+    """What the statements of ``_pass_end_names`` answered."""
+    _, (finished, *_), _, (_, _, rows, description), (released, *_), _ = results
+    return finished == 1, (description, rows[0]) if rows else False, released == 1
+
+
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=512)
+def _numbered(text: str, index: int) -> str:
+    """``text`` with each parameter ``%(name)s`` renamed ``%(name__index)s``."""
+    return _PARAMETER.sub(lambda found: f"%({found.group(1)}__{index})s", text)
