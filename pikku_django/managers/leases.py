@@ -47,7 +47,8 @@ class LeaseManager(models.Manager["Lease"]):
     def _connection(self) -> BaseDatabaseWrapper:
         return connections[self.db if self._db else router.db_for_write(self.model)]
 
-    def _lease(self, row: tuple[Any, ...], alias: str) -> Lease:
+    def from_row(self, row: tuple[Any, ...], alias: str) -> Lease:
+        """The lease of a row (key, holder, token, expires_at) read on ``alias``."""
         return self.model.from_db(
             alias, ["key", "holder", "token", "expires_at"], [row[0], row[1], int(row[2]), int(row[3])]
         )
@@ -92,7 +93,7 @@ class LeaseManager(models.Manager["Lease"]):
             row = cursor.fetchone()
         if row is None or row[1] != params["holder"]:
             return None
-        return self._lease(row, connection.alias)
+        return self.from_row(row, connection.alias)
 
     def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
         """
@@ -110,7 +111,7 @@ class LeaseManager(models.Manager["Lease"]):
         with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("lease_refresh", connection), params)
             row = driver(connection).refreshed(cursor, lease)
-        return None if row is None else self._lease(row, connection.alias)
+        return None if row is None else self.from_row(row, connection.alias)
 
     def release(self, lease: Lease) -> bool:
         """
@@ -142,7 +143,7 @@ class LeaseManager(models.Manager["Lease"]):
         with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("lease_current", connection), {"key": key})
             row = cursor.fetchone()
-        return None if row is None else self._lease(row, connection.alias)
+        return None if row is None else self.from_row(row, connection.alias)
 
     def db_now_ms(self) -> int:
         """Now, in epoch ms, on the clock leases are judged by."""

@@ -217,18 +217,25 @@ def _take_within(
     from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
     connection = connections[alias]
-    taken = driver(connection).take_run(connection, cursor, params)
+    vendor = driver(connection)
+    key = WorkflowRun(pk=run_id).lease_key
+    taken = vendor.take_run(connection, cursor, {**params, "key": key, "holder": holder})
     if taken is None:
         return Take(False, run_id=run_id)
-    key = WorkflowRun(pk=run_id).lease_key
-    lease = Lease.objects.db_manager(alias).acquire_within(key, holder, params["ttl_ms"])
+    leases = Lease.objects.db_manager(alias)
+    if vendor.takes_run_leases(connection):
+        # Acquired in the take's own round trip; the take's when its holder is.
+        lease_row = taken[2]
+        lease = leases.from_row(lease_row, alias) if lease_row and lease_row[1] == holder else None
+    else:
+        lease = leases.acquire_within(key, holder, params["ttl_ms"])
     if lease is None:
         # Held elsewhere: look again a little later (as a pass that meets it does).
         runs = WorkflowRun.objects.using(alias)
         runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
         return Take(True, run_id=run_id)
     # As the take left it (the due query reads only ids).
-    run = model_from_row(WorkflowRun, alias, *taken)
+    run = model_from_row(WorkflowRun, alias, *taken[:2])
     claimed: dict[str, int] = {}
     step = None if run is None or first_step is None else first_step(run)
     if step is None:

@@ -56,6 +56,24 @@ RETURNING *
 #: MySQL/MariaDB: the run as the take left it, in the take's round trip.
 MYSQL_RUN_TAKEN = "SELECT * FROM {run} WHERE `id` = @pikku_take"
 
+#: MariaDB: the take's run lease, in the take's round trip. The acquire's
+#: upsert (``sql.leases.MYSQL_LEASE_UPSERT``, with the same guards) as an
+#: INSERT ... SELECT that inserts nothing unless the take got the run
+#: (``@pikku_take``), returning the row as it left it: the lease is the
+#: take's when the row's holder is. (MySQL 8 has no RETURNING: its take
+#: acquires the lease with a statement of its own.)
+MARIADB_RUN_TAKE_LEASE = """
+INSERT INTO {lease} (`key`, `holder`, `token`, `expires_at`)
+SELECT %(key)s, %(holder)s, COALESCE((SELECT `token` FROM {floor} WHERE `id` = 1), 0) + 1,
+    {now} + %(ttl_ms)s
+FROM DUAL WHERE @pikku_take IS NOT NULL
+ON DUPLICATE KEY UPDATE
+    `token` = IF(`expires_at` <= {now}, `token` + 1, `token`),
+    `holder` = IF(`expires_at` <= {now}, %(holder)s, `holder`),
+    `expires_at` = IF(`holder` = %(holder)s, {now} + %(ttl_ms)s, `expires_at`)
+RETURNING `key`, `holder`, `token`, `expires_at`
+"""
+
 #: When a run was last written: an ended run's end, for its task's result.
 _RUN_UPDATED_AT = "SELECT {q}id{q}, {q}updated_at{q} FROM {run} WHERE {q}id{q} = %(run_id)s{uuid}"
 
@@ -99,6 +117,7 @@ RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "run_take_lock": {"mysql": MYSQL_RUN_TAKE_LOCK},
     "run_take_move": {"mysql": MYSQL_RUN_TAKE_MOVE},
     "run_taken": {"mysql": MYSQL_RUN_TAKEN},
+    "run_take_lease": {"mariadb": MARIADB_RUN_TAKE_LEASE},
     "run_updated_at": {
         "postgresql": _RUN_UPDATED_AT.replace("{q}", '"').replace("{uuid}", "::uuid"),
         "sqlite": _RUN_UPDATED_AT.replace("{q}", '"').replace("{uuid}", ""),

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 #: matched.
 PassEnd = tuple[bool, "tuple[Any, tuple[Any, ...]] | bool", bool]
 
+#: What a take got (``Driver.take_run``): the run's row as the take left it
+#: (description, row), and, where the driver takes the run lease with it
+#: (``takes_run_leases``), the lease's row as its upsert left it (key,
+#: holder, token, expires_at; the take's when the holder is), else None.
+Taken = tuple[Any, tuple[Any, ...], "tuple[Any, ...] | None"]
+
 #: Builds a step from a ``RETURNING *`` row: (description, row) -> step.
 StepFromRow = Callable[[Any, tuple[Any, ...]], "WorkflowStep"]
 
@@ -44,19 +50,23 @@ class Driver:
 
     # -- runs -------------------------------------------------------------------------
 
-    def take_run(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
-    ) -> tuple[Any, tuple[Any, ...]] | None:
+    def takes_run_leases(self, connection: BaseDatabaseWrapper) -> bool:
+        """Does ``take_run`` acquire the run lease too, in the take's own round trip?"""
+        return False
+
+    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> Taken | None:
         """
         A worker's take of the due run ``run_id`` whose ``wake_at`` was read:
         moved to ``ttl_ms`` from now and marked running, guarded by the value
-        read; the run's row as the take left it (description, row) if this
-        lane took it, else None. SQLite's guarded UPDATE: SQLite serialises
-        writers, so there is no other lane's lock to skip.
+        read; the run's row as the take left it (``Taken``) if this lane
+        took it, else None. Where ``takes_run_leases``, the run lease
+        ``key`` is acquired for ``holder`` for ``ttl_ms`` in the same round
+        trip. SQLite's guarded UPDATE: SQLite serialises writers, so there is
+        no other lane's lock to skip.
         """
         cursor.execute(sql.statement("run_take", connection), params)
         row = cursor.fetchone()
-        return None if row is None else (cursor.description, row)
+        return None if row is None else (cursor.description, row, None)
 
     def end_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]

@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql
 from pikku_django.managers.batches import batch, send
-from pikku_django.managers.drivers.base import Driver, PassEnd, StepFromRow, done_params
+from pikku_django.managers.drivers.base import Driver, PassEnd, StepFromRow, Taken, done_params
 
 if TYPE_CHECKING:
     from pikku_django.models import Lease, WorkflowStep
@@ -25,16 +25,23 @@ if TYPE_CHECKING:
 class MySQLDriver(Driver):
     ends_passes = True
 
-    def take_run(
-        self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]
-    ) -> tuple[Any, tuple[Any, ...]] | None:
+    def takes_run_leases(self, connection: BaseDatabaseWrapper) -> bool:
+        # MariaDB's upsert returns its row (sql.runs.MARIADB_RUN_TAKE_LEASE).
+        return sql.variant(connection) == "mariadb"
+
+    def take_run(self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any]) -> Taken | None:
         # Lock the run unless another lane holds it, move it under the same
-        # guard and read it back, in one round trip (sql.MYSQL_RUN_TAKE_LOCK).
+        # guard and read it back, in one round trip (sql.MYSQL_RUN_TAKE_LOCK);
+        # on MariaDB its run lease too.
         names = ["run_take_reset", "run_take_lock", "run_take_move", "run_taken"]
-        _, _, (moved, *_), (_, _, rows, description) = batch(connection, cursor, names, params, within=True)
+        leases = self.takes_run_leases(connection)
+        names += ["run_take_lease"] if leases else []
+        results = batch(connection, cursor, names, params, within=True)
+        (moved, *_), (_, _, rows, description) = results[2:4]
         if moved != 1 or not rows:
             return None
-        return description, rows[0]
+        lease = results[4][2] if leases else None
+        return description, rows[0], lease[0] if lease else None
 
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
