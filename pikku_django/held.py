@@ -2,7 +2,7 @@
 The outcomes a worker's lanes hold for their next take (``HeldFinish``), by
 lane: a lane going through a backlog commits them with its next take, or
 with the take after several runs taken ahead of others
-(``managers.passes.take_run``). Reported nowhere until they commit, and
+(``managers.takes.take_run``). Reported nowhere until they commit, and
 their leases no longer renewed, they are never held long: the worker's
 ``FlushLoop`` writes any held longer than ``HOLD_WINDOW_S`` while its lane
 is busy with a run that turned out long.

@@ -1,7 +1,7 @@
 """
 Runs taken ahead: while more runs are due than the worker has lanes, a lane
 whose last pass was short takes several due runs in one commit
-(``managers.passes.take_run``'s ``ahead``) and drives them one after another,
+(``managers.takes.take_run``'s ``ahead``) and drives them one after another,
 holding their outcomes for its next take (``held``), so that a backlog of
 short runs costs one commit per several. ``Worker`` mixes this in with its
 passes (``worker_passes``).
@@ -22,7 +22,7 @@ from pikku_django.workflows.registry import first_step_of
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pikku_django.managers.passes import Take
+    from pikku_django.managers.takes import Take
 
 #: The most runs a lane takes in one commit (``AheadPasses._ahead``).
 TAKE_AHEAD = 8
@@ -70,7 +70,7 @@ class AheadPasses:
     def _ahead(self, holder: str, due: int) -> int:
         """
         How many runs a take of ``holder``'s may take ahead of the one it
-        drives first (``managers.passes.take_run``): a lane whose last pass
+        drives first (``managers.takes.take_run``): a lane whose last pass
         was short, while more runs are due than this worker has lanes, takes
         up to ``TAKE_AHEAD`` in one commit; otherwise one.
         """

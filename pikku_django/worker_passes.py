@@ -24,8 +24,9 @@ from pikku_django.held import HOLD_WINDOW_S, HeldOutcomes
 from pikku_django.loops import refresh_connections
 from pikku_django.managers.base import hot_cursor
 from pikku_django.managers.conflicts import is_conflict
-from pikku_django.managers.passes import HeldFinish, Take, take_run, write_held
+from pikku_django.managers.passes import HeldFinish, write_held
 from pikku_django.managers.runs import WorkflowRunQuerySet
+from pikku_django.managers.takes import Take, take_run
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
 from pikku_django.queues import queue_slot
@@ -240,7 +241,7 @@ class WorkerPasses(AheadPasses):
         False if another lane took it first, None if every slot of its
         queue is taken (the run stays due). ``alternates``: due runs of
         queues with no limit, taken instead in the same commit, in order,
-        if this one is not (``managers.passes.take_run``); ``ahead``: how
+        if this one is not (``managers.takes.take_run``); ``ahead``: how
         many of them may be taken too, and driven after it (``_drive_ahead``);
         ``since``: when the look that found them began (``take``).
         """
@@ -283,7 +284,7 @@ class WorkerPasses(AheadPasses):
     ) -> Take:
         """
         Claim one due run for a pass, with its run lease, in one commit
-        (``managers.passes.take_run``): its ``wake_at`` moves to when the
+        (``managers.takes.take_run``): its ``wake_at`` moves to when the
         lease would lapse, guarded by the value read, so another lane that
         read the same value matches nothing; if this one dies, the run is due
         again once its lease is gone. A Django task's step is claimed in the

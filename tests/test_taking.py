@@ -16,7 +16,7 @@ from django.db import connection, connections
 from django.test import SimpleTestCase, TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 
-from pikku_django.managers import passes
+from pikku_django.managers import takes
 from pikku_django.models import WorkflowRun
 from pikku_django.taking import Taking
 from pikku_django.tasks.compat import TaskResultStatus
@@ -68,9 +68,9 @@ class LanesTakingTests(TransactionTestCase):
         results = [tasks.add.enqueue(i, 1) for i in range(60)]
         worker = Worker(holder="w-together", concurrency=4, interval=60)
         lost: list[Any] = []
-        real = passes._take_within
+        real = takes._take_within
 
-        def counted(*args: Any, **kwargs: Any) -> passes.Take:
+        def counted(*args: Any, **kwargs: Any) -> takes.Take:
             took = real(*args, **kwargs)
             if not took.taken:
                 lost.append(took.run_id)
@@ -82,7 +82,7 @@ class LanesTakingTests(TransactionTestCase):
             finally:
                 connections.close_all()
 
-        with mock.patch.object(passes, "_take_within", counted):
+        with mock.patch.object(takes, "_take_within", counted):
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
             try:

@@ -23,7 +23,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test import TransactionTestCase, skipUnlessDBFeature
 
 from pikku_django.conf import conf
-from pikku_django.managers.passes import take_run
+from pikku_django.managers.takes import take_run
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.tasks.compat import TaskResultStatus
 from pikku_django.worker import Worker

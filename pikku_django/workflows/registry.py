@@ -26,7 +26,7 @@ class FirstStep:
     """
     The step a pass of a run will claim first, known from the run alone (a
     Django task's one step): a worker's take claims it in its own commit
-    (``managers.passes.take_run``), with the same guarded claim a pass makes.
+    (``managers.takes.take_run``), with the same guarded claim a pass makes.
     """
 
     name: str

@@ -150,7 +150,7 @@ def drive_run(
     the steps that take claimed (name to attempt), which the pass runs;
     ``steps``: every step of the run, when the take read them (its only one).
     ``taken_ahead``: the take took the run ahead of others the lane drove
-    first (``managers.passes.take_run``'s ``ahead``), and some time ago: the
+    first (``managers.takes.take_run``'s ``ahead``), and some time ago: the
     step it claimed is checked against the run's state before it runs.
     ``hold``: a lane's, to keep the outcome of a run with no parent for its
     next take (``HeldFinish``); the run is then returned before its outcome

@@ -1,0 +1,190 @@
+"""
+The commit that opens a worker's pass: ``take_run``, the take of a due run
+and its run lease, in one transaction: the guarded move of ``wake_at`` (so
+no other lane takes the run), the lease ``workflow-run:<id>`` (so no other
+pass drives it) and, for a run whose first step is known from the run alone
+(a Django task's), that step's claim with its attempt row. A task's pass is
+then two commits: this one, and ``passes.finish_pass`` (issue 14); a lane
+holding outcomes writes them in this one too (``passes.write_within``).
+
+Each write keeps its own guard inside the transaction: the take its
+``wake_at``, the lease its acquire rules, the claim its attempt, budget and
+lease rules (the same statement a pass sends). Joining them only saves
+commits; a rolled-back transaction leaves what was there, and one the
+server rolled back for a conflict with another lane is sent again
+(``conflicts.retried``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from pikku_django.clock import DbNowMs
+from pikku_django.managers.base import ensure_autocommit, hot_cursor, model_from_row
+from pikku_django.managers.batches import one_transaction
+from pikku_django.managers.conflicts import retried
+from pikku_django.managers.drivers import driver
+from pikku_django.managers.passes import HeldFinish, write_within
+
+if TYPE_CHECKING:
+    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+    from pikku_django.workflows.registry import FirstStep
+
+
+@dataclass(frozen=True)
+class Take:
+    """
+    What a take got: the run (``taken``), its run lease (None while another
+    pass holds it), the run as read inside the take, and the steps it
+    claimed (step name to attempt number) for the pass to run.
+    """
+
+    taken: bool
+    lease: Lease | None = None
+    run: WorkflowRun | None = None
+    claimed: dict[str, int] = field(default_factory=dict)
+    #: The run taken: the one asked for, or one of the alternates.
+    run_id: Any = None
+    #: Every step of the run, when the take claimed the only one (``FirstStep.only``); else None.
+    steps: list[WorkflowStep] | None = None
+    #: More runs taken in the same commit, each with its run lease (``take_run``'s ``ahead``).
+    ahead: tuple[Take, ...] = ()
+
+
+def take_run(
+    alias: str,
+    run_id: Any,
+    wake_at: int | None,
+    holder: str,
+    ttl_ms: int,
+    retry_ms: int,
+    *,
+    first_step: Callable[[WorkflowRun], FirstStep | None] | None = None,
+    finish: HeldFinish | Sequence[HeldFinish] | None = None,
+    alternates: Sequence[tuple[Any, int | None]] = (),
+    ahead: int = 0,
+) -> Take:
+    """
+    Take a due run for a pass, in one commit: move its ``wake_at`` to when
+    the run lease would lapse, guarded by the value read (another lane that
+    read it matches nothing), mark it running (a suspended run taken is one
+    whose wait timed out), and acquire its run lease for ``holder``. A run
+    whose lease another pass holds is taken all the same, and due again
+    ``retry_ms`` later. With the lease, the run is read, and the step
+    ``first_step(run)`` names is claimed (``claim_attempt``, the pass's own
+    guarded claim) in the same commit; a claim refused claims nothing, and
+    the pass then claims the step as it would have.
+
+    On PostgreSQL and MySQL/MariaDB a run another lane is taking is skipped,
+    not waited for: the losing lane writes nothing (``drivers``, ``sql.runs``). On SQLite
+    the first statement writes, so the transaction takes the write lock at once.
+
+    ``finish``: the outcomes of the lane's last passes, held for this commit
+    (``HeldFinish``): written first, each write with its own guard, so a lane
+    that goes from run to run pays one commit per run, or less.
+
+    ``alternates``: more due runs, as (id, wake_at), tried in order in the
+    same transaction while the ones before were not taken (another lane
+    took them, or is taking them): the lanes woken together race for the
+    first due run, and the losers take the next in the same commit.
+
+    ``ahead``: once a run is taken, up to this many of the alternates after
+    it are taken too (``Take.ahead``), each with its run lease and the
+    claim of its only step (a task's; a run with more steps is claimed by
+    its pass), so that a lane going through a backlog of short runs pays
+    one commit for several. Runs another pass holds are left due, as above.
+    """
+    from pikku_django.models import WorkflowRun
+
+    connection = connections[alias]
+    ensure_autocommit(connection)
+    to_db = WorkflowRun._meta.pk.get_db_prep_value
+    candidates = [(run_id, wake_at), *alternates]
+    finishes = [] if finish is None else [finish] if isinstance(finish, HeldFinish) else list(finish)
+
+    def only_step(run: WorkflowRun) -> FirstStep | None:
+        step = None if first_step is None else first_step(run)
+        return step if step is not None and step.only else None
+
+    def write() -> tuple[list[tuple[bool, bool | None]], Take]:
+        with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
+            written = write_within(alias, finishes)
+            take = Take(False)
+            more: list[Take] = []
+            for candidate, read_wake_at in candidates:
+                if take.taken and len(more) >= ahead:
+                    break
+                params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
+                if not take.taken:
+                    take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
+                    continue
+                extra = _take_within(alias, cursor, candidate, params, holder, retry_ms, only_step)
+                if not extra.taken:
+                    # Another lane is taking these too: leave it the rest.
+                    break
+                if extra.lease is not None and extra.run is not None:
+                    more.append(extra)
+            if more:
+                take = replace(take, ahead=tuple(more))
+        return written, take
+
+    written, take = retried(connection, write)
+    for held, answer in zip(finishes, written, strict=True):
+        held.committed(*answer)
+    return take
+
+
+def _take_within(
+    alias: str,
+    cursor: Any,
+    run_id: Any,
+    params: dict[str, Any],
+    holder: str,
+    retry_ms: int,
+    first_step: Callable[[WorkflowRun], FirstStep | None] | None,
+) -> Take:
+    """``take_run``'s statements, in the transaction it opened."""
+    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+
+    connection = connections[alias]
+    vendor = driver(connection)
+    key = WorkflowRun(pk=run_id).lease_key
+    taken = vendor.take_run(connection, cursor, {**params, "key": key, "holder": holder})
+    if taken is None:
+        return Take(False, run_id=run_id)
+    leases = Lease.objects.db_manager(alias)
+    if vendor.takes_run_leases(connection):
+        # Acquired in the take's own round trip; the take's when its holder is.
+        lease_row = taken[2]
+        lease = leases.from_row(lease_row, alias) if lease_row and lease_row[1] == holder else None
+    else:
+        lease = leases.acquire_within(key, holder, params["ttl_ms"])
+    if lease is None:
+        # Held elsewhere: look again a little later (as a pass that meets it does).
+        runs = WorkflowRun.objects.using(alias)
+        runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
+        return Take(True, run_id=run_id)
+    # As the take left it (the due query reads only ids).
+    run = model_from_row(WorkflowRun, alias, *taken[:2])
+    claimed: dict[str, int] = {}
+    step = None if run is None or first_step is None else first_step(run)
+    if step is None:
+        return Take(True, lease, run, claimed, run_id)
+    steps = WorkflowStep.objects.db_manager(alias)
+    if not step.only:
+        attempt = steps.claim_attempt(
+            run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True
+        )
+        if attempt is not None:
+            claimed[step.name] = attempt
+        return Take(True, lease, run, claimed, run_id)
+    # The run's only step, read back by its claim: the pass reads no step.
+    row = steps.claim(run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True)
+    if row is None:
+        return Take(True, lease, run, claimed, run_id)
+    claimed[step.name] = row.attempt
+    return Take(True, lease, run, claimed, run_id, [row])
