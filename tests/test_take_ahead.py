@@ -84,6 +84,33 @@ class TakeAheadTests(TransactionTestCase):
         # One take per run (each with the outcome before it), and the last outcome alone.
         assert counter.commits == 5, counter.report()
 
+    def test_the_runs_taken_ahead_are_taken_and_claimed_together(self) -> None:
+        for i in range(worker_ahead.TAKE_AHEAD):
+            tasks.add.enqueue(i, 1)
+        worker = Worker(holder="w-one-go", concurrency=1, interval=0.01)
+        holder = worker.lane_holder(0)
+        (run_id, wake_at, _), *rest = worker.due()
+        sent: list[str] = []
+
+        def count(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+            sent.append(sql)
+            return execute(sql, *args)
+
+        with connection.execute_wrapper(count):
+            took = worker.take(
+                run_id, wake_at, holder, alternates=[(r, w) for r, w, _ in rest], ahead=len(rest)
+            )
+        assert len(took.ahead) == len(rest) == worker_ahead.TAKE_AHEAD - 1
+        for each in (took, *took.ahead):
+            assert each.run is not None and each.lease is not None and each.steps is not None
+            assert Lease.objects.current(each.run.lease_key) == each.lease
+            (step,) = each.steps
+            assert each.claimed == {step.step_name: 1} and step.status == "running"
+        if connection.vendor == "mysql":
+            # The first run's take (with its run lease) and its claim, then
+            # the others' takes and their claims, each in one round trip; the COMMIT.
+            assert len(sent) == 5, sent
+
     def test_the_outcomes_a_lane_holds_are_written_together(self) -> None:
         results = [tasks.add.enqueue(i, 1) for i in range(worker_ahead.TAKE_AHEAD + 1)]
         worker = Worker(holder="w-together", concurrency=1, batch=len(results), interval=0.01)

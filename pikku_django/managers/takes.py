@@ -28,6 +28,7 @@ from pikku_django.managers.base import ensure_autocommit, hot_cursor, model_from
 from pikku_django.managers.batches import one_transaction
 from pikku_django.managers.conflicts import retried
 from pikku_django.managers.drivers import driver
+from pikku_django.managers.drivers.base import Taken
 from pikku_django.managers.passes import HeldFinish, write_within
 
 if TYPE_CHECKING:
@@ -114,22 +115,15 @@ def take_run(
         with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
             written = write_within(alias, finishes)
             take = Take(False)
-            more: list[Take] = []
-            for candidate, read_wake_at in candidates:
-                if take.taken and len(more) >= ahead:
-                    break
+            for index, (candidate, read_wake_at) in enumerate(candidates):
                 params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
-                if not take.taken:
-                    take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
-                    continue
-                extra = _take_within(alias, cursor, candidate, params, holder, retry_ms, only_step)
-                if not extra.taken:
-                    # Another lane is taking these too: leave it the rest.
+                take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
+                if take.taken:
+                    rest = candidates[index + 1 : index + 1 + ahead]
+                    if rest:
+                        more = _take_ahead_within(alias, cursor, rest, holder, ttl_ms, retry_ms, only_step)
+                        take = replace(take, ahead=tuple(more))
                     break
-                if extra.lease is not None and extra.run is not None:
-                    more.append(extra)
-            if more:
-                take = replace(take, ahead=tuple(more))
         return written, take
 
     written, take = retried(connection, write)
@@ -148,25 +142,16 @@ def _take_within(
     first_step: Callable[[WorkflowRun], FirstStep | None] | None,
 ) -> Take:
     """``take_run``'s statements, in the transaction it opened."""
-    from pikku_django.models import Lease, WorkflowRun, WorkflowStep
+    from pikku_django.models import WorkflowRun, WorkflowStep
 
     connection = connections[alias]
-    vendor = driver(connection)
     key = WorkflowRun(pk=run_id).lease_key
-    taken = vendor.take_run(connection, cursor, {**params, "key": key, "holder": holder})
+    params = {**params, "key": key, "holder": holder}
+    taken = driver(connection).take_run(connection, cursor, params)
     if taken is None:
         return Take(False, run_id=run_id)
-    leases = Lease.objects.db_manager(alias)
-    if vendor.takes_run_leases(connection):
-        # Acquired in the take's own round trip; the take's when its holder is.
-        lease_row = taken[2]
-        lease = leases.from_row(lease_row, alias) if lease_row and lease_row[1] == holder else None
-    else:
-        lease = leases.acquire_within(key, holder, params["ttl_ms"])
+    lease = _run_lease(alias, run_id, params, taken, retry_ms)
     if lease is None:
-        # Held elsewhere: look again a little later (as a pass that meets it does).
-        runs = WorkflowRun.objects.using(alias)
-        runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
         return Take(True, run_id=run_id)
     # As the take left it (the due query reads only ids).
     run = model_from_row(WorkflowRun, alias, *taken[:2])
@@ -183,8 +168,83 @@ def _take_within(
             claimed[step.name] = attempt
         return Take(True, lease, run, claimed, run_id)
     # The run's only step, read back by its claim: the pass reads no step.
-    row = steps.claim(run_id, step.name, step.rpc_name, step.lease_ms, holder=holder, within=True)
+    (row,) = steps.claim_many([(run_id, step.name, step.rpc_name, step.lease_ms)], holder=holder)
+    return _claimed(lease, run, step, row)
+
+
+def _take_ahead_within(
+    alias: str,
+    cursor: Any,
+    candidates: Sequence[tuple[Any, int | None]],
+    holder: str,
+    ttl_ms: int,
+    retry_ms: int,
+    only_step: Callable[[WorkflowRun], FirstStep | None],
+) -> list[Take]:
+    """
+    The runs ``take_run`` takes ahead, in the transaction it opened: every
+    candidate's take (with its run lease) in one go, then every only step's
+    claim in one go (``Driver.take_runs``, ``claim_many``: one round trip
+    each on MySQL/MariaDB). Each keeps its own guards; a candidate another
+    lane or process is taking is passed over, one whose run lease another
+    pass holds is left due a little later. The runs taken, with their leases.
+    """
+    from pikku_django.models import WorkflowRun, WorkflowStep
+
+    connection = connections[alias]
+    to_db = WorkflowRun._meta.pk.get_db_prep_value
+    params = [
+        {
+            "run_id": to_db(candidate, connection),
+            "wake_at": read_wake_at,
+            "ttl_ms": ttl_ms,
+            "key": WorkflowRun(pk=candidate).lease_key,
+            "holder": holder,
+        }
+        for candidate, read_wake_at in candidates
+    ]
+    got: list[tuple[Lease, WorkflowRun, FirstStep | None]] = []
+    takens = driver(connection).take_runs(connection, cursor, params)
+    for (candidate, _), each, taken in zip(candidates, params, takens, strict=True):
+        lease = None if taken is None else _run_lease(alias, candidate, each, taken, retry_ms)
+        if taken is not None and lease is not None:
+            run = model_from_row(WorkflowRun, alias, *taken[:2])
+            got.append((lease, run, only_step(run)))
+    claims = [(run.pk, step.name, step.rpc_name, step.lease_ms) for _, run, step in got if step is not None]
+    rows = iter(WorkflowStep.objects.db_manager(alias).claim_many(claims, holder=holder))
+    return [
+        Take(True, lease, run, {}, run.pk) if step is None else _claimed(lease, run, step, next(rows))
+        for lease, run, step in got
+    ]
+
+
+def _run_lease(alias: str, run_id: Any, params: dict[str, Any], taken: Taken, retry_ms: int) -> Lease | None:
+    """
+    The run lease of a run just taken (``params``: the take's, with the
+    lease's key and holder): from the take's own answer where the driver
+    takes it there (``takes_run_leases``), else acquired now. Held by
+    another pass, the run is due again ``retry_ms`` later (as a pass that
+    meets it does), and None.
+    """
+    from pikku_django.models import Lease, WorkflowRun
+
+    connection = connections[alias]
+    leases = Lease.objects.db_manager(alias)
+    lease: Lease | None
+    if driver(connection).takes_run_leases(connection):
+        # Acquired in the take's own round trip; the take's when its holder is.
+        row = taken[2]
+        lease = leases.from_row(row, alias) if row and row[1] == params["holder"] else None
+    else:
+        lease = leases.acquire_within(params["key"], params["holder"], params["ttl_ms"])
+    if lease is None:
+        runs = WorkflowRun.objects.using(alias)
+        runs.filter(pk=run_id, status="running").update(wake_at=DbNowMs() + retry_ms)
+    return lease
+
+
+def _claimed(lease: Lease, run: WorkflowRun, step: FirstStep, row: WorkflowStep | None) -> Take:
+    """A take of ``run`` whose only ``step`` was claimed (``row``), or refused (None)."""
     if row is None:
-        return Take(True, lease, run, claimed, run_id)
-    claimed[step.name] = row.attempt
-    return Take(True, lease, run, claimed, run_id, [row])
+        return Take(True, lease, run, {}, run.pk)
+    return Take(True, lease, run, {step.name: row.attempt}, run.pk, [row])

@@ -68,6 +68,12 @@ class Driver:
         row = cursor.fetchone()
         return None if row is None else (cursor.description, row, None)
 
+    def take_runs(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: list[dict[str, Any]]
+    ) -> list[Taken | None]:
+        """``take_run`` of each of ``params``, in the caller's transaction, in the fewest round trips."""
+        return [self.take_run(connection, cursor, each) for each in params]
+
     def end_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
     ) -> tuple[Any, tuple[Any, ...]] | None:
@@ -188,6 +194,16 @@ class Driver:
             step_id = step._meta.pk.get_db_prep_value(step.pk, connection)
             self.history(connection, cursor, step_id, step.attempt, params["holder"], params)
         return step
+
+    def claim_steps(
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        params: list[dict[str, Any]],
+        from_row: StepFromRow,
+    ) -> list[WorkflowStep | None]:
+        """``claim_step`` of each of ``params``, in the caller's transaction, in the fewest round trips."""
+        return [self.claim_step(connection, cursor, each, from_row, within=True) for each in params]
 
     def write_finish(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool

@@ -33,15 +33,21 @@ class MySQLDriver(Driver):
         # Lock the run unless another lane holds it, move it under the same
         # guard and read it back, in one round trip (sql.MYSQL_RUN_TAKE_LOCK);
         # on MariaDB its run lease too.
+        names = self._take_names(connection)
+        return _taken(batch(connection, cursor, names, params, within=True))
+
+    def take_runs(
+        self, connection: BaseDatabaseWrapper, cursor: Any, params: list[dict[str, Any]]
+    ) -> list[Taken | None]:
+        # Every take in one round trip, each starting with its own reset of @pikku_take.
+        names = self._take_names(connection)
+        return [
+            _taken(results) for results in _in_one(connection, cursor, [(names, each) for each in params])
+        ]
+
+    def _take_names(self, connection: BaseDatabaseWrapper) -> list[str]:
         names = ["run_take_reset", "run_take_lock", "run_take_move", "run_taken"]
-        leases = self.takes_run_leases(connection)
-        names += ["run_take_lease"] if leases else []
-        results = batch(connection, cursor, names, params, within=True)
-        (moved, *_), (_, _, rows, description) = results[2:4]
-        if moved != 1 or not rows:
-            return None
-        lease = results[4][2] if leases else None
-        return description, rows[0], lease[0] if lease else None
+        return [*names, "run_take_lease"] if self.takes_run_leases(connection) else names
 
     def end_pass(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
@@ -53,19 +59,12 @@ class MySQLDriver(Driver):
     def end_passes(
         self, connection: BaseDatabaseWrapper, cursor: Any, ends: list[tuple[str, dict[str, Any]]]
     ) -> list[PassEnd]:
-        # Every end in one round trip: each one's statements in turn, with
-        # parameters of its own (``_numbered``); each starts with the mark,
-        # so no end reads another's LAST_INSERT_ID.
+        # Every end in one round trip: each starts with the mark, so no end
+        # reads another's LAST_INSERT_ID.
         if len(ends) == 1:
             return [self.end_pass(connection, cursor, *ends[0])]
-        texts: list[str] = []
-        params: dict[str, Any] = {}
-        for index, (name, each) in enumerate(ends):
-            texts.extend(_numbered(sql.statement(n, connection), index) for n in _pass_end_names(name))
-            params.update({f"{key}__{index}": value for key, value in each.items()})
-        results = send(connection, cursor, texts, params, within=True)
-        size = len(_pass_end_names(""))
-        return [_pass_end(results[start : start + size]) for start in range(0, len(results), size)]
+        groups = [(_pass_end_names(name), params) for name, params in ends]
+        return [_pass_end(results) for results in _in_one(connection, cursor, groups)]
 
     def end_run(
         self, connection: BaseDatabaseWrapper, cursor: Any, name: str, params: dict[str, Any]
@@ -126,9 +125,18 @@ class MySQLDriver(Driver):
         within: bool = False,
     ) -> WorkflowStep | None:
         # The claim, its read-back and its history row in one transaction and one round trip.
-        names = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
-        _, _, (_, _, rows, description), _ = batch(connection, cursor, names, params, within=within)
-        return from_row(description, rows[0]) if rows else None
+        return _claimed(batch(connection, cursor, _CLAIM, params, within=within), from_row)
+
+    def claim_steps(
+        self,
+        connection: BaseDatabaseWrapper,
+        cursor: Any,
+        params: list[dict[str, Any]],
+        from_row: StepFromRow,
+    ) -> list[WorkflowStep | None]:
+        # Every claim in one round trip, each starting with its own mark.
+        groups = [(_CLAIM, each) for each in params]
+        return [_claimed(results, from_row) for results in _in_one(connection, cursor, groups)]
 
     def write_finish(
         self, connection: BaseDatabaseWrapper, cursor: Any, params: dict[str, Any], *, within: bool
@@ -151,10 +159,50 @@ def _pass_end(results: list[Any]) -> PassEnd:
     return finished == 1, (description, rows[0]) if rows else False, released == 1
 
 
+def _taken(results: list[Any]) -> Taken | None:
+    """What a take's statements (``_take_names``) answered."""
+    (moved, *_), (_, _, rows, description) = results[2:4]
+    if moved != 1 or not rows:
+        return None
+    lease = results[4][2] if len(results) > 4 else None
+    return description, rows[0], lease[0] if lease else None
+
+
+#: A claim, its read-back and its history row.
+_CLAIM = ["mark", "step_claim_attempt", "step_claimed", "step_claim_attempt_history"]
+
+
+def _claimed(results: list[Any], from_row: StepFromRow) -> WorkflowStep | None:
+    """What a claim's statements (``_CLAIM``) answered."""
+    _, _, (_, _, rows, description), _ = results
+    return from_row(description, rows[0]) if rows else None
+
+
+def _in_one(
+    connection: BaseDatabaseWrapper, cursor: Any, groups: list[tuple[list[str], dict[str, Any]]]
+) -> list[list[Any]]:
+    """
+    Several writes, each its statements ``names`` with its ``params``, in one
+    round trip of the caller's transaction: each write's parameters are
+    renamed apart (``_numbered``). Each write's answers, in order.
+    """
+    texts: list[str] = []
+    params: dict[str, Any] = {}
+    for index, (names, each) in enumerate(groups):
+        texts.extend(_numbered(sql.statement(name, connection), index) for name in names)
+        params.update({f"{key}__{index}": value for key, value in each.items()})
+    results = send(connection, cursor, texts, params, within=True)
+    answers = []
+    for names, _ in groups:
+        answers.append(results[: len(names)])
+        results = results[len(names) :]
+    return answers
+
+
 _PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=1024)
 def _numbered(text: str, index: int) -> str:
     """``text`` with each parameter ``%(name)s`` renamed ``%(name__index)s``."""
     return _PARAMETER.sub(lambda found: f"%({found.group(1)}__{index})s", text)
