@@ -193,6 +193,57 @@ class TakeClaimTests(TransactionTestCase):
         assert took.taken and took.run is not None and took.claimed == {}
 
 
+class TakeLeaseTests(TransactionTestCase):
+    """A take's run lease keeps the acquire's rules, taken alone or ahead (on MariaDB in the take's batch)."""
+
+    def test_a_run_whose_lease_another_pass_holds_is_left_due_a_little_later(self) -> None:
+        run = WorkflowRun.objects.get(pk=tasks.add.enqueue(2, 3).id)
+        held = Lease.objects.acquire(run.lease_key, "other-pass", 60_000)
+        assert held is not None
+        before = Lease.objects.db_now_ms()
+        took = _take(run, "w-take")
+        assert took.taken and took.lease is None and took.claimed == {}
+        # Not this take's: the lease is as it was, and the run due again 1 s on.
+        assert Lease.objects.current(run.lease_key) == held
+        wake_at = WorkflowRun.objects.get(pk=run.pk).wake_at
+        assert wake_at is not None and before + 1_000 <= wake_at <= Lease.objects.db_now_ms() + 1_000
+        assert WorkflowStepAttempt.objects.filter(step__run_id=run.pk).count() == 0
+
+    def test_a_lapsed_lease_of_another_holder_is_taken_with_a_new_token(self) -> None:
+        run = WorkflowRun.objects.get(pk=tasks.add.enqueue(2, 3).id)
+        lapsed = Lease.objects.acquire(run.lease_key, "gone", 60_000)
+        assert lapsed is not None
+        Lease.objects.filter(key=run.lease_key).update(expires_at=Lease.objects.db_now_ms() - 1)
+        took = _take(run, "w-take")
+        assert took.lease is not None and took.claimed == {"task": 1}
+        assert (took.lease.holder, took.lease.token) == ("w-take", lapsed.token + 1)
+        assert Lease.objects.current(run.lease_key) == took.lease
+
+    def test_the_runs_taken_ahead_pass_over_those_held_elsewhere(self) -> None:
+        runs = [WorkflowRun.objects.get(pk=tasks.add.enqueue(i, 1).id) for i in range(5)]
+        # The third's run lease is another pass's; the fourth was taken by another lane since the look.
+        assert Lease.objects.acquire(runs[2].lease_key, "other-pass", 60_000) is not None
+        WorkflowRun.objects.filter(pk=runs[3].pk).update(wake_at=Lease.objects.db_now_ms() + 60_000)
+        took = take_run(
+            DEFAULT_DB_ALIAS,
+            runs[0].pk,
+            runs[0].wake_at,
+            "w-ahead",
+            conf.LEASE_TTL_MS,
+            1_000,
+            first_step=first_step_of,
+            alternates=[(run.pk, run.wake_at) for run in runs[1:]],
+            ahead=4,
+        )
+        assert took.run_id == runs[0].pk and took.claimed == {"task": 1}
+        assert [more.run_id for more in took.ahead] == [runs[1].pk, runs[4].pk]
+        for more in took.ahead:
+            assert more.lease is not None and more.lease.holder == "w-ahead" and more.claimed == {"task": 1}
+            assert Lease.objects.current(more.lease.key) == more.lease
+        assert Lease.objects.current(runs[2].lease_key).holder == "other-pass"  # type: ignore[union-attr]
+        assert not WorkflowStepAttempt.objects.filter(step__run_id__in=[runs[2].pk, runs[3].pk]).exists()
+
+
 class SkippingTakeTests(TransactionTestCase):
     """Lanes woken together: a take skips a run another lane holds, and writes nothing."""
 
