@@ -87,7 +87,10 @@ class DeadlockTests(TransactionTestCase):
     def test_retried_sends_the_rolled_back_transaction_again_and_both_commit(self) -> None:
         results, tries = self.deadlock(lambda write: lambda: retried(connection, write))
         assert not any(isinstance(r, BaseException) for r in results.values()), results
-        assert sorted(tries) == [1, 2]
+        # One was rolled back and sent again. Both can be, rarely: two
+        # backends that began waiting together may each find the cycle
+        # before the other's rollback frees its rows (seen on PostgreSQL).
+        assert sorted(tries) in ([1, 2], [2, 2]), tries
         assert self.tokens() == [2, 2]
 
     def test_inside_a_transaction_it_runs_once_and_the_conflict_is_the_callers(self) -> None:
