@@ -87,9 +87,10 @@ class DeadlockTests(TransactionTestCase):
     def test_retried_sends_the_rolled_back_transaction_again_and_both_commit(self) -> None:
         results, tries = self.deadlock(lambda write: lambda: retried(connection, write))
         assert not any(isinstance(r, BaseException) for r in results.values()), results
-        # One was rolled back and sent again. Both can be, rarely: two
-        # backends that began waiting together may each find the cycle
-        # before the other's rollback frees its rows (seen on PostgreSQL).
+        # One was rolled back and sent again. Both can be, rarely: the one
+        # sent again may lock its first row before the other, woken by the
+        # rollback, locks it, and the two deadlock once more; then the other
+        # is rolled back and sent again (seen on PostgreSQL).
         assert sorted(tries) in ([1, 2], [2, 2]), tries
         assert self.tokens() == [2, 2]
 
