@@ -87,11 +87,11 @@ class DeadlockTests(TransactionTestCase):
     def test_retried_sends_the_rolled_back_transaction_again_and_both_commit(self) -> None:
         results, tries = self.deadlock(lambda write: lambda: retried(connection, write))
         assert not any(isinstance(r, BaseException) for r in results.values()), results
-        # One was rolled back and sent again. Both can be, rarely: the one
-        # sent again may lock its first row before the other, woken by the
-        # rollback, locks it, and the two deadlock once more; then the other
-        # is rolled back and sent again (seen on PostgreSQL).
-        assert sorted(tries) in ([1, 2], [2, 2]), tries
+        # One was rolled back and sent again; rarely more than once: the
+        # one sent again may lock its first row before the other, woken by
+        # the rollback, locks it, and the two deadlock once more (seen on
+        # PostgreSQL, as [2, 2]).
+        assert max(tries) >= 2, tries
         assert self.tokens() == [2, 2]
 
     def test_inside_a_transaction_it_runs_once_and_the_conflict_is_the_callers(self) -> None:
