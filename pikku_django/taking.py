@@ -42,7 +42,7 @@ class Taking:
         when the look that read ``due`` began).
         """
         with self._lock:
-            return [row for row in due if row[0] not in self._busy and self._taken.get(row[0], -1.0) < since]
+            return [row for row in due if self._free(row[0], since)]
 
     def start(self, run_ids: Sequence[Any], since: float, *, keep: int) -> list[Any]:
         """
@@ -53,13 +53,13 @@ class Taking:
         so two lanes rarely meet on one.
         """
         with self._lock:
-            free = [
-                run_id
-                for run_id in run_ids
-                if run_id not in self._busy and self._taken.get(run_id, -1.0) < since
-            ]
+            free = [run_id for run_id in run_ids if self._free(run_id, since)]
             self._busy.update(free[:keep])
             return free
+
+    def _free(self, run_id: Any, since: float) -> bool:
+        """Is ``run_id`` neither being taken nor taken since ``since``? (Under the lock.)"""
+        return run_id not in self._busy and self._taken.get(run_id, -1.0) < since
 
     def end(self, run_ids: Iterable[Any], taken: Iterable[Any]) -> None:
         """The caller's take of ``run_ids`` (``start``'s first ``keep``) has ended, with ``taken`` taken."""

@@ -99,11 +99,9 @@ def take_run(
     its pass), so that a lane going through a backlog of short runs pays
     one commit for several. Runs another pass holds are left due, as above.
     """
-    from pikku_django.models import WorkflowRun
 
     connection = connections[alias]
     ensure_autocommit(connection)
-    to_db = WorkflowRun._meta.pk.get_db_prep_value
     candidates = [(run_id, wake_at), *alternates]
     finishes = [] if finish is None else [finish] if isinstance(finish, HeldFinish) else list(finish)
 
@@ -116,8 +114,8 @@ def take_run(
             written = write_within(alias, finishes)
             take = Take(False)
             for index, (candidate, read_wake_at) in enumerate(candidates):
-                params = {"run_id": to_db(candidate, connection), "wake_at": read_wake_at, "ttl_ms": ttl_ms}
-                take = _take_within(alias, cursor, candidate, params, holder, retry_ms, first_step)
+                params = _take_params(alias, candidate, read_wake_at, holder, ttl_ms)
+                take = _take_within(alias, cursor, candidate, params, retry_ms, first_step)
                 if take.taken:
                     rest = candidates[index + 1 : index + 1 + ahead]
                     if rest:
@@ -137,16 +135,14 @@ def _take_within(
     cursor: Any,
     run_id: Any,
     params: dict[str, Any],
-    holder: str,
     retry_ms: int,
     first_step: Callable[[WorkflowRun], FirstStep | None] | None,
 ) -> Take:
-    """``take_run``'s statements, in the transaction it opened."""
+    """``take_run``'s statements, in the transaction it opened (``params``: ``_take_params``)."""
     from pikku_django.models import WorkflowRun, WorkflowStep
 
     connection = connections[alias]
-    key = WorkflowRun(pk=run_id).lease_key
-    params = {**params, "key": key, "holder": holder}
+    holder = params["holder"]
     taken = driver(connection).take_run(connection, cursor, params)
     if taken is None:
         return Take(False, run_id=run_id)
@@ -192,16 +188,8 @@ def _take_ahead_within(
     from pikku_django.models import WorkflowRun, WorkflowStep
 
     connection = connections[alias]
-    to_db = WorkflowRun._meta.pk.get_db_prep_value
     params = [
-        {
-            "run_id": to_db(candidate, connection),
-            "wake_at": read_wake_at,
-            "ttl_ms": ttl_ms,
-            "key": WorkflowRun(pk=candidate).lease_key,
-            "holder": holder,
-        }
-        for candidate, read_wake_at in candidates
+        _take_params(alias, candidate, read_wake_at, holder, ttl_ms) for candidate, read_wake_at in candidates
     ]
     got: list[tuple[Lease, WorkflowRun, FirstStep | None]] = []
     takens = driver(connection).take_runs(connection, cursor, params)
@@ -216,6 +204,19 @@ def _take_ahead_within(
         Take(True, lease, run, {}, run.pk) if step is None else _claimed(lease, run, step, next(rows))
         for lease, run, step in got
     ]
+
+
+def _take_params(alias: str, run_id: Any, wake_at: int | None, holder: str, ttl_ms: int) -> dict[str, Any]:
+    """A take's parameters (``Driver.take_run``): the run and the ``wake_at`` read, and its run lease's."""
+    from pikku_django.models import WorkflowRun
+
+    return {
+        "run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connections[alias]),
+        "wake_at": wake_at,
+        "ttl_ms": ttl_ms,
+        "key": WorkflowRun(pk=run_id).lease_key,
+        "holder": holder,
+    }
 
 
 def _run_lease(alias: str, run_id: Any, params: dict[str, Any], taken: Taken, retry_ms: int) -> Lease | None:
