@@ -4,10 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 MARIADB_URL ?= mysql://root@127.0.0.1:3306/test
-# Extra pytest arguments, e.g. make test-sqlite ARGS="-k hold_lease -x"
+# Extra pytest arguments, e.g. make test-sqlite ARGS="-k hold_lease -x" (ARGS="-n 0": serially)
 ARGS ?=
+# The tests that stop and start the server: alone, serially (see tests/conftest.py).
+RESTARTS := -n 0 -m restarts_server
 
-.PHONY: venv services test test-sqlite test-postgres test-mariadb lint format-check ci
+.PHONY: venv services test test-sqlite test-postgres test-mariadb test-restarts lint format-check ci
 
 # `make venv` (re)installs into an existing .venv too; the test targets only
 # need one to exist.
@@ -30,7 +32,12 @@ test-postgres: $(PY)
 test-mariadb: $(PY)
 	DATABASE_URL=$(MARIADB_URL) $(PY) -m pytest $(ARGS)
 
-test: test-sqlite test-postgres test-mariadb
+# The parallel runs above leave out the server-restart tests: these run them.
+test-restarts: $(PY)
+	DATABASE_URL=$(PG_URL) $(PY) -m pytest $(RESTARTS) $(ARGS)
+	DATABASE_URL=$(MARIADB_URL) $(PY) -m pytest $(RESTARTS) $(ARGS)
+
+test: test-sqlite test-postgres test-mariadb test-restarts
 
 lint: $(PY)
 	$(VENV)/bin/ruff check .

@@ -21,17 +21,27 @@ setup(
         # The Tasks framework for Django 5.2 (Django 6 has it as django.tasks,
         # which pikku_django.tasks uses there instead).
         "tasks": ["django-tasks>=0.12"],
+        # The Prometheus endpoint (pikku_django.urls' metrics/): pikku_django.metrics.
+        "metrics": ["prometheus-client>=0.20"],
+        # OpenTelemetry spans of enqueues, passes and attempts: pikku_django.otel.
+        "otel": ["opentelemetry-api>=1.20"],
         # What testproject/ (the demo) needs beside Django.
         "demo": ["django-environ>=0.11"],
         # Nothing compiled: the SQLite run needs no more. The MariaDB run adds "mysql".
         "test": [
             "pytest>=8",
             "pytest-django>=4.9",
+            # The suite runs in parallel (-n in pyproject.toml).
+            "pytest-xdist>=3.8",
             "django-environ>=0.11",
             "hypothesis>=6",
             "psycopg[binary]>=3.1",
             # The Tasks tests on Django 5.2 (unused on Django 6, which has django.tasks).
             "django-tasks>=0.12",
+            # The metrics and otel extras' tests, the spans read by the SDK's in-memory exporter.
+            "prometheus-client>=0.20",
+            "opentelemetry-api>=1.20",
+            "opentelemetry-sdk>=1.20",
         ],
         # Pinned: a new ruff or mypy release must not turn CI red on its own.
         "dev": ["ruff==0.17.6", "mypy==2.4.1", "django-stubs==6.1.2"],

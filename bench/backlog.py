@@ -10,7 +10,7 @@ test: the target (flat within 1.5x) is printed, never asserted.
 
 It needs a scratch database: it refuses to start while the run table holds
 rows it did not write, and deletes its own when it is done. At each size the
-rows are loaded in one INSERT ... SELECT per kind (``tests/backlog_rows.py``,
+rows are loaded in one INSERT ... SELECT per kind (``tests/support/backlog_rows.py``,
 the loader of the query-plan tests), all untouched for an hour, then
 ANALYZEd. Per size:
 
@@ -39,7 +39,7 @@ from bench.steps import environment, positive_int
 from pikku_django.models import WorkflowRun
 from pikku_django.sweep import sweep
 from pikku_django.worker import Worker
-from tests import backlog_rows
+from tests.support import backlog_rows
 
 SIZES = (0, 50_000, 200_000)
 

@@ -31,8 +31,8 @@ from django.db import connection
 
 from bench.steps import environment, positive_int
 from pikku_django import sql
-from pikku_django.managers.base import hot_cursor
 from pikku_django.models import Lease
+from pikku_django.sql.cursors import hot_cursor
 
 KEY, HOLDER, OTHER, TTL = "bench:choices", "holder", "other", 600_000
 

@@ -136,7 +136,7 @@ def floor_two_commits(seconds: float = 2.0) -> float:
 
 def statements_per_task(count: int = 20) -> str:
     """What one pikku_worker pass over a no-op task sends, counted in this process."""
-    from pikku_django.worker import Worker
+    from pikku_django.worker.process import Worker
 
     clear_pikku()
     for _ in range(count):

@@ -11,7 +11,7 @@ that changed rows, or sent in a batch whose row count is unknown;
 another lane took first (one with RETURNING counts as a write: SQLite
 knows its row count only once its rows are read); ``probe``: one that matches no row by
 construction, SQLite's write-lock probe ``WHERE 0 = 1``; ``begin``;
-``other``) and its durable commits, as tests/test_task_commits.py counts
+``other``) and its durable commits, as tests/worker/test_task_commits.py counts
 them, except that a write which changed nothing is none (it logs nothing):
 a COMMIT that ends a transaction which wrote (Django's ``atomic()``, which
 commits through ``connection.commit()``, or a ``START TRANSACTION`` …

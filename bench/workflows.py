@@ -15,7 +15,7 @@ when a poll (every 20 ms) finds every run completed. Workers are then stopped
 with SIGTERM. Repeated ``--rounds`` times, 1 and 2 workers alternating.
 
 Part 2, one pass profiled. ``--profile-runs`` more runs driven in this
-process by the worker loop itself (``pikku_django.worker.Worker(once=True)``:
+process by the worker loop itself (``pikku_django.worker.process.Worker(once=True)``:
 its due query and guarded take, then ``run_workflow`` on each run), with
 ``connection.execute_wrapper`` timing every statement. Each statement is
 classed by the pikku operation it runs inside (the manager methods and the

@@ -7,12 +7,19 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import Warning as CheckWarning
 
 from pikku_django import validate
 from pikku_django.conf import DEFAULTS, MAX_QUEUE_CONCURRENCY, RETENTION_DEFAULTS, ZERO_ALLOWED
 from pikku_django.errors import InvalidArgumentError
+from pikku_django.schedules.config import read
 
-#: Stable check ids, one per setting (documented in the README).
+try:
+    from pikku_django.tasks import compat as tasks_compat
+except ImportError:  # Django 5.2 without the django-tasks backport: no Tasks backend can load
+    tasks_compat = None  # type: ignore[assignment]
+
+#: Stable check ids, one per setting (documented in docs/settings.md).
 SETTING_CHECK_IDS: dict[str, str] = {
     "PIKKU_LEASE_TTL_MS": "pikku_django.E001",
     "PIKKU_STEP_LEASE_MS": "pikku_django.E002",
@@ -21,11 +28,17 @@ SETTING_CHECK_IDS: dict[str, str] = {
     "PIKKU_UNDISPATCHED_AFTER_MS": "pikku_django.E005",
     "PIKKU_LEASE_PRUNE_AFTER_MS": "pikku_django.E006",
     "PIKKU_MAX_JSON_BYTES": "pikku_django.E008",
+    "PIKKU_TIMEOUT_GRACE_MS": "pikku_django.E041",
+    "PIKKU_TIMEOUT_MAX_ABANDONED": "pikku_django.E042",
 }
 
 
 #: What each setting that is not in milliseconds counts.
-UNITS = {"PIKKU_STEP_RETRIES": "retries", "PIKKU_MAX_JSON_BYTES": "bytes"}
+UNITS = {
+    "PIKKU_STEP_RETRIES": "retries",
+    "PIKKU_MAX_JSON_BYTES": "bytes",
+    "PIKKU_TIMEOUT_MAX_ABANDONED": "threads",
+}
 
 
 @register(Tags.compatibility)
@@ -53,7 +66,7 @@ QUEUES_CHECK_ID = "pikku_django.E007"
 
 @register(Tags.compatibility)
 def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """PIKKU_QUEUES maps queue names to ``{"concurrency": int >= 1}``."""
+    """PIKKU_QUEUES maps queue names to their options (``queue_entry_problem``)."""
     value = getattr(django_settings, "PIKKU_QUEUES", {})
     example = 'PIKKU_QUEUES = {"emails": {"concurrency": 2}}'
     if not isinstance(value, dict):
@@ -73,24 +86,78 @@ def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> lis
                 Error(f"PIKKU_QUEUES has a bad queue name {queue!r}: {e}", hint=example, id=QUEUES_CHECK_ID)
             )
             continue
-        concurrency = options.get("concurrency") if isinstance(options, dict) else None
-        unknown = sorted(set(options) - {"concurrency"}) if isinstance(options, dict) else []
-        if (
-            unknown
-            or isinstance(concurrency, bool)
-            or not isinstance(concurrency, int)
-            or not 1 <= concurrency <= MAX_QUEUE_CONCURRENCY
-        ):
+        problem = queue_entry_problem(queue, options)
+        if problem is not None:
             errors.append(
                 Error(
-                    f"PIKKU_QUEUES[{queue!r}] must be {{'concurrency': int}} with 1 <= concurrency <= "
-                    f"{MAX_QUEUE_CONCURRENCY}, not {options!r}.",
-                    hint=f"Say how many runs of the queue may be driven at once everywhere, e.g. {example}; "
-                    "leave a queue out to leave it unlimited.",
+                    problem,
+                    hint=f"Say how many runs of the queue (or of one key of it) may be driven at once "
+                    f"everywhere, e.g. {example}; leave a queue out to leave it unlimited.",
                     id=QUEUES_CHECK_ID,
                 )
             )
     return errors
+
+
+def queue_entry_problem(queue: str, options: Any) -> str | None:
+    """What is wrong with ``queue``'s entry in PIKKU_QUEUES, naming the setting's key; None if nothing."""
+    where = f"PIKKU_QUEUES[{queue!r}]"
+    if not isinstance(options, dict):
+        return f"{where} must be a dict of options, not {options!r}."
+    unknown = sorted(set(options) - QUEUE_OPTIONS)
+    if unknown:
+        return f"{where} has unknown options {unknown}; the options are {sorted(QUEUE_OPTIONS)}."
+    if "concurrency" in options and not _is_count(options["concurrency"]):
+        return (
+            f"{where}['concurrency'] must be an int from 1 to {MAX_QUEUE_CONCURRENCY}, "
+            f"not {options['concurrency']!r}."
+        )
+    if options.get("rate") is not None:
+        problem = _rate_problem(f"{where}['rate']", options["rate"])
+        if problem is not None:
+            return problem
+    per_key = options.get("per_key")
+    if per_key is None:
+        return None
+    if not isinstance(per_key, dict) or set(per_key) != {"concurrency"}:
+        return f"{where}['per_key'] must be {{'concurrency': int}}, not {per_key!r}."
+    if not _is_count(per_key["concurrency"]):
+        return (
+            f"{where}['per_key']['concurrency'] must be an int from 1 to {MAX_QUEUE_CONCURRENCY}, "
+            f"not {per_key['concurrency']!r}."
+        )
+    return None
+
+
+#: The options a queue's entry in PIKKU_QUEUES may have.
+QUEUE_OPTIONS = frozenset({"concurrency", "per_key", "rate"})
+#: The options of a queue's ``rate`` (``limit`` and ``period_ms`` required).
+RATE_OPTIONS = frozenset({"limit", "period_ms", "burst", "per_key"})
+
+
+def _rate_problem(where: str, rate: Any) -> str | None:
+    """What is wrong with a queue's ``rate`` (``where`` names it); None if nothing."""
+    if not isinstance(rate, dict) or not {"limit", "period_ms"} <= set(rate) <= RATE_OPTIONS:
+        return (
+            f"{where} must be a dict with 'limit' and 'period_ms' (and optionally 'burst', 'per_key'), "
+            f"not {rate!r}."
+        )
+    for name, floor in (("limit", 1), ("period_ms", 1), ("burst", 0)):
+        value = rate.get(name, floor)
+        if isinstance(value, bool) or not isinstance(value, int) or not floor <= value <= MAX_RATE_VALUE:
+            return f"{where}[{name!r}] must be an int from {floor} to {MAX_RATE_VALUE}, not {value!r}."
+    if not isinstance(rate.get("per_key", False), bool):
+        return f"{where}['per_key'] must be True or False, not {rate['per_key']!r}."
+    return None
+
+
+#: The largest ``limit``, ``period_ms`` or ``burst`` of a rate (a year of ms).
+MAX_RATE_VALUE = 365 * 24 * 3600 * 1000
+
+
+def _is_count(value: Any) -> bool:
+    """A slot count: an int from 1 to ``MAX_QUEUE_CONCURRENCY`` (``True`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_QUEUE_CONCURRENCY
 
 
 @register(Tags.compatibility)
@@ -108,11 +175,9 @@ def check_task_backends(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     ]
     if not ours:
         return []
-    from pikku_django.tasks.compat import framework_checks_backends, task_backends
-
-    if framework_checks_backends():
+    if tasks_compat is None or tasks_compat.framework_checks_backends():
         return []
-    return [message for alias in ours for message in task_backends[alias].check()]
+    return [message for alias in ours for message in tasks_compat.task_backends[alias].check()]
 
 
 #: The check id of PIKKU_RETENTION_MS.
@@ -161,11 +226,9 @@ def check_retention(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
 @register(Tags.compatibility)
 def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Each PIKKU_SCHEDULES entry: one known target, a cron and a time zone that parse, known keys."""
-    from pikku_django.schedule_config import read
-
     _, bad = read()
     return [
-        Error(message, hint=hint, id=check_id)
+        (CheckWarning if ".W" in check_id else Error)(message, hint=hint, id=check_id)
         for problems in bad.values()
         for check_id, message, hint in problems
     ]
@@ -193,6 +256,41 @@ def check_mysql_found_rows(
                     hint="pikku_django decides lease refreshes by rows matched; "
                     "OR MySQLdb.constants.CLIENT.FOUND_ROWS into client_flag.",
                     id="pikku_django.E010",
+                )
+            )
+    return errors
+
+
+#: The check ids of the safe-deploy settings (docs/safe-deploys.md).
+REPLAY_MISMATCH_CHECK_ID = "pikku_django.E060"
+CODE_VERSION_CHECK_ID = "pikku_django.E061"
+
+
+@register(Tags.compatibility)
+def check_safe_deploys(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """PIKKU_ON_REPLAY_MISMATCH is "fail" or "park"; PIKKU_CODE_VERSION a str that fits its column."""
+    errors: list[CheckMessage] = []
+    mismatch = getattr(django_settings, "PIKKU_ON_REPLAY_MISMATCH", "fail")
+    if mismatch not in ("fail", "park"):
+        errors.append(
+            Error(
+                f'PIKKU_ON_REPLAY_MISMATCH must be "fail" or "park", not {mismatch!r}.',
+                hint='"fail" fails a run whose history no longer fits the code; "park" suspends it '
+                "until retry_workflow().",
+                id=REPLAY_MISMATCH_CHECK_ID,
+            )
+        )
+    version = getattr(django_settings, "PIKKU_CODE_VERSION", None)
+    if version is not None:
+        try:
+            validate.name("PIKKU_CODE_VERSION", version)
+        except InvalidArgumentError as error:
+            errors.append(
+                Error(
+                    str(error),
+                    hint="Set it to your release's name (a git SHA, a tag), or remove it: the default "
+                    "is a hash of each workflow's source.",
+                    id=CODE_VERSION_CHECK_ID,
                 )
             )
     return errors

@@ -151,9 +151,14 @@ def local_now(connection: BaseDatabaseWrapper) -> datetime.datetime | None:
     process's own (SQLite, see the module docstring; ``DbNow`` binds the same
     value there); None where it is the server's. A write may then carry the
     values a statement would compute, and need not read them back.
+
+    Cut to the millisecond, as SQLite's own 'now' is: rounded, a value read
+    in the second half of a millisecond would lie ahead of every statement's
+    now until the next one, and a run started then would not yet be due.
     """
     if connection.vendor == "sqlite":
-        return datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return now.replace(microsecond=now.microsecond // 1000 * 1000)
     return None
 
 

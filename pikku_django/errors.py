@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 from django.db.transaction import TransactionManagementError
 
@@ -80,17 +82,59 @@ class StepSupersededError(PikkuError):
         )
 
 
-class StepFunctionMismatchError(PikkuError):
+class WorkflowReplayError(PikkuError):
+    """
+    A run's stored history no longer fits its workflow's code: another
+    function under a stored step name, a map of another length, a patch
+    marker the code no longer asks for. ``stored`` is the history's side,
+    ``code`` the code's. ``PIKKU_ON_REPLAY_MISMATCH`` says whether the run
+    fails (``"fail"``) or is parked, suspended until retried (``"park"``).
+    """
+
+    def __init__(self, run_id: object, step_name: str, stored: str, code: str, why: str = "") -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.stored = stored
+        self.code = code
+        super().__init__(
+            f"Run {run_id} cannot replay step {step_name!r}: its history has {stored}, the code has "
+            f"{code}{'; ' + why if why else ''}. Keep the old path behind ctx.patched(), give a moved "
+            "function a stable @step_function id, or fork the run; then retry it."
+        )
+
+
+class StepFunctionMismatchError(WorkflowReplayError):
     """A step was claimed with a function other than the one it was created with."""
 
     def __init__(self, run_id: object, step_name: str, expected: str, got: str) -> None:
-        self.run_id = run_id
-        self.step_name = step_name
         self.expected = expected
         self.got = got
         super().__init__(
-            f"Step {step_name!r} of run {run_id} runs {expected!r}, not {got!r}: "
-            "a step name must keep its function for the life of the run."
+            run_id,
+            step_name,
+            f"function {expected!r}",
+            f"function {got!r}",
+            "a step name must keep its function for the life of the run",
+        )
+
+
+class FanOutReplayError(WorkflowReplayError, InvalidArgumentError):
+    """
+    A ``ctx.map`` or ``ctx.workflows`` replayed with another list than the
+    one its step was started with (another length, or other values): a
+    ``WorkflowReplayError``, and an ``InvalidArgumentError`` naming the list.
+    """
+
+    def __init__(self, run_id: object, step_name: str, argument: str, stored: object, count: int) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        self.stored = f"{stored} {argument}"
+        self.code = f"{count} {argument} that differ"
+        PikkuError.__init__(
+            self,
+            f"{argument}: step {step_name!r} of run {run_id} was started with {stored} {argument} and "
+            f"this replay passes {count} that differ; a replay must pass the same list. Keep the old "
+            "list behind ctx.patched(), or fork the run; then retry it.",
         )
 
 
@@ -177,8 +221,10 @@ class WorkerAbortedError(KeyboardInterrupt):
 class TaskPathError(InvalidArgumentError):
     """A stored task path does not name a ``Task``; it is refused, never called."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, *, missing: bool = False) -> None:
         self.path = path
+        #: Nothing is found at the path (a typo, a module not installed here), as opposed to something else.
+        self.missing = missing
         super().__init__(
             f"task: {path!r} does not name a Task ({reason}); only a function decorated "
             "with @task, defined at module level, is run."
@@ -204,6 +250,18 @@ class WorkflowCancelledError(PikkuError):
         self.run_id = run_id
         super().__init__(
             f"Workflow run {run_id} was cancelled; its steps' results are refused and no later step starts."
+        )
+
+
+class ResultTimeoutError(PikkuError, TimeoutError):
+    """A wait for a run's result reached its deadline on the database clock; the run goes on."""
+
+    def __init__(self, run_id: object, timeout_ms: int) -> None:
+        self.run_id = run_id
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            f"Run {run_id} did not finish within {timeout_ms} ms; it goes on unchanged. "
+            "Wait again, or read its events and streams meanwhile."
         )
 
 
@@ -276,9 +334,21 @@ class RunStoreError(PikkuError):
 class DatabaseNotMigratedError(PikkuError):
     """The app's tables are missing: run ``manage.py migrate``."""
 
-    def __init__(self, cause: BaseException) -> None:
+    def __init__(self, cause: BaseException | str) -> None:
         super().__init__(f"The database is not migrated ({cause}); run manage.py migrate.")
         self.cause = cause
+
+
+class DatabaseMissingError(PikkuError):
+    """The database named in ``DATABASES`` does not exist: create it, then run ``manage.py migrate``."""
+
+    def __init__(self, alias: str, name: str) -> None:
+        super().__init__(
+            f"The database {name!r} (DATABASES[{alias!r}]) does not exist; create it, "
+            "then run manage.py migrate."
+        )
+        self.alias = alias
+        self.name = name
 
 
 class DatabaseUnavailableError(PikkuError):
@@ -308,3 +378,49 @@ class WorkerNameTakenError(PikkuError):
             "(or leave it out for a unique default)."
         )
         self.holder = holder
+
+
+class NonRetryableError(PikkuError):
+    """
+    Raised by a step or a task: its attempt fails, and no other attempt is
+    made, whatever its ``max_attempts``, ``retries`` or ``retry_on`` allow.
+    """
+
+
+class StepTimeoutError(PikkuError, TimeoutError):
+    """
+    An attempt of a step ran past its ``timeout_ms`` (judged from the
+    attempt's start on the database clock): raised in the step's thread, or
+    its coroutine cancelled. The attempt fails, and counts like any error.
+    """
+
+    def __init__(self, step_name: str = "", attempt: int = 0, timeout_ms: int = 0) -> None:
+        # With no arguments: the one raised in the step's own thread.
+        self.step_name, self.attempt, self.timeout_ms = step_name, attempt, timeout_ms
+        if not step_name:
+            super().__init__("The attempt ran past its timeout.")
+            return
+        super().__init__(f"Step {step_name!r} attempt {attempt} ran past its timeout of {timeout_ms} ms.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step_name, self.attempt, self.timeout_ms))
+
+
+class TaskTimeoutError(StepTimeoutError):
+    """A Django task's attempt ran past its ``timeout_ms``: a ``StepTimeoutError``."""
+
+
+class DuplicateRunError(PikkuError):
+    """
+    A start under a ``dedup_key`` met an unfinished run of the same workflow
+    with that key (``dedup="raise"``); ``run_id`` names it.
+    """
+
+    def __init__(self, workflow: str, dedup_key: str, run_id: object) -> None:
+        self.workflow = workflow
+        self.dedup_key = dedup_key
+        self.run_id = run_id
+        super().__init__(
+            f"dedup_key {dedup_key!r}: run {run_id} of workflow {workflow!r} is unfinished; wait for it "
+            'to end, or start with dedup="return" to get it instead.'
+        )

@@ -67,6 +67,19 @@ class KeepAlive:
         """One renewal: True if renewed, False if lost; raising proves nothing."""
         raise NotImplementedError
 
+    def granted(self, sent: float) -> None:
+        """The lease was granted by a statement sent at ``sent`` (monotonic): it lasts a ttl from then."""
+        self._valid_until = sent + self.ttl_ms / 1000
+
+    def holds(self) -> bool:
+        """
+        True while the lease is known to be held: not lost, and its last
+        renewal (or its grant) answered less than a ttl ago on the monotonic
+        clock, which runs on while the process is paused. False proves
+        nothing either way: only the database can tell.
+        """
+        return not self.lost.is_set() and time.monotonic() < self._valid_until
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"pikku-renewal:{self.name}", daemon=True)
         self._thread.start()

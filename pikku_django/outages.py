@@ -13,6 +13,7 @@ import time
 from django.db import InterfaceError, OperationalError, connections
 
 from pikku_django.errors import DatabaseNotMigratedError
+from pikku_django.sql.schema import is_undefined_table
 
 logger = logging.getLogger(__name__)
 
@@ -26,15 +27,14 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 #: before it gives up (exit 1), so that runs under cron never pile up.
 ONCE_GIVES_UP_AFTER_S = 60.0
 
-#: What a database says of a table that is not there: the schema is missing
-#: (``manage.py migrate`` was never run), which waiting will not mend.
-_MISSING_TABLE = ("no such table", "doesn't exist", "does not exist")
-
 
 def is_schema_error(error: BaseException) -> bool:
-    """True when ``error`` says a table is missing rather than the database unreachable."""
-    message = str(error).lower()
-    return any(text in message for text in _MISSING_TABLE)
+    """
+    True when ``error`` says a table is missing (the schema was never
+    migrated, which waiting will not mend) rather than the database
+    unreachable: decided from the server's code (``sql.schema``).
+    """
+    return is_undefined_table(error)
 
 
 def raise_if_not_migrated(error: BaseException) -> None:
@@ -123,7 +123,8 @@ class Outage:
                 "%s: the database is unavailable (%s: %s); retrying with a back-off of up to %g s.",
                 self.name,
                 type(error).__name__,
-                str(error).strip() or "no message",
+                # One line: a driver's message may run over several.
+                " ".join(str(error).split()) or "no message",
                 MAX_DELAY,
             )
         self.failures += 1

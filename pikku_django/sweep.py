@@ -17,15 +17,13 @@ import time
 import uuid
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
-from pikku_django.managers.base import take_write_lock, write_alias
-from pikku_django.managers.lifecycle import time_out_runs
+from pikku_django.managers.base import write_alias
 from pikku_django.managers.runs import not_queued
 from pikku_django.models import (
     Lease,
@@ -35,6 +33,10 @@ from pikku_django.models import (
     WorkflowStep,
     WorkflowStepAttempt,
 )
+from pikku_django.sql.conflicts import in_transaction
+from pikku_django.sql.cursors import take_write_lock
+from pikku_django.store import prune
+from pikku_django.store.lifecycle import time_out_runs
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,11 @@ def sweep(
     using: str | None = None,
     prune: bool = True,
 ) -> SweepReport:
-    """One pass over the store; see the module docstring. ``prune=False`` leaves out both prunes."""
+    """
+    One pass over the store; see the module docstring. Each unit returns its
+    own counts and the report adds them up. ``prune=False`` leaves out both
+    prunes.
+    """
     idle_ms = (
         conf.STALLED_AFTER_MS
         if stalled_after_ms is None
@@ -98,20 +104,49 @@ def sweep(
     alias = write_alias(WorkflowRun, using)
     started = time.monotonic()
     report = SweepReport(dry_run=dry_run)
+    report.failed_steps = fail_spent_steps(limit, dry_run, alias)
+    report.timed_out_runs = time_out_late_runs(limit, dry_run, alias)
+    woken = wake_idle_runs(idle_ms, limit, dry_run, alias)
+    report.lapsed_runs = woken.lapsed_runs
+    report.stalled_runs = woken.stalled_runs
+    report.undispatched_runs = woken.undispatched_runs
+    report.woken_runs = woken.woken_runs
+    report.backed_off_runs = woken.backed_off_runs
+    report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
+    if prune:
+        report.pruned_leases = _prune_leases(limit, dry_run, alias)
+        report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
+    report.duration_ms = int((time.monotonic() - started) * 1000)
+    return report
 
-    _fail_spent_steps(report, limit, alias)
-    _time_out_runs(report, limit, alias)
 
+@dataclasses.dataclass
+class WokenRuns:
+    """What :func:`wake_idle_runs` found and woke."""
+
+    lapsed_runs: int = 0
+    stalled_runs: int = 0
+    undispatched_runs: int = 0
+    woken_runs: int = 0
+    backed_off_runs: int = 0
+
+
+def wake_idle_runs(idle_ms: int, limit: int, dry_run: bool, alias: str) -> WokenRuns:
+    """
+    Runs that need a worker: a step whose worker was lost (woken at once,
+    whatever the stalled window, so it is taken again promptly), stalled runs
+    and runs with undispatched steps. Runs due later are waiting by design
+    and are left alone.
+    """
     runs = WorkflowRun.objects.db_manager(alias)
     steps = WorkflowStep.objects.db_manager(alias)
-    # A lapsed step with attempts left is a dead worker: its run is woken at
-    # once, whatever the stalled window, so the step is taken again promptly.
     lapsed_steps = steps.lapsed().filter(run__status="running")
     if dry_run:
         # A real pass has failed the spent ones by now (and woken their runs itself).
         lapsed_steps = lapsed_steps.exclude(SPENT)
     lapsed = set(lapsed_steps.values_list("run_id", flat=True)[:limit])
     if lapsed and not dry_run:
+        _log_lost_workers(lapsed_steps, limit)
         _free_run_leases(lapsed, alias)
     # Stalled and undispatched runs that are due in the ordinary way are only
     # waiting for a free worker, and are left in their turn: waking them too
@@ -131,23 +166,27 @@ def sweep(
         updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS),
     )
     undispatched = set(pending.values_list("run_id", flat=True)[:limit])
-    report.lapsed_runs, report.stalled_runs, report.undispatched_runs = (
-        len(lapsed),
-        len(stalled),
-        len(undispatched),
-    )
+    found = WokenRuns(len(lapsed), len(stalled), len(undispatched))
     due = lapsed | stalled | undispatched
     if due:
         candidates = runs.get_queryset().filter(pk__in=due)
-        report.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
-        report.backed_off_runs = len(due) - report.woken_runs
+        found.woken_runs = candidates.sweep_wakeable().count() if dry_run else candidates.sweep_wake()
+        found.backed_off_runs = len(due) - found.woken_runs
+    return found
 
-    report.signalled_runs = wake_signalled_runs(limit, dry_run, alias)
-    if prune:
-        report.pruned_leases = _prune_leases(limit, dry_run, alias)
-        report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
-    report.duration_ms = int((time.monotonic() - started) * 1000)
-    return report
+
+def _log_lost_workers(lapsed_steps: QuerySet[WorkflowStep], limit: int) -> None:
+    """Say, at WARNING, which step each lost worker left behind: it is about to be taken again."""
+    holders = WorkflowStepAttempt.objects.filter(step=OuterRef("pk"), attempt=OuterRef("attempt"))
+    rows = lapsed_steps.annotate(holder=Subquery(holders.values("holder")[:1]))
+    for run_id, name, attempt, holder in rows.values_list("run_id", "step_name", "attempt", "holder")[:limit]:
+        logger.warning(
+            "Run %s: step %r lost its worker %s in attempt %s; its run is woken for another worker.",
+            run_id,
+            name,
+            holder or "(unknown)",
+            attempt,
+        )
 
 
 def _free_run_leases(run_ids: set[Any], alias: str) -> None:
@@ -178,25 +217,25 @@ def wake_signalled_runs(limit: int, dry_run: bool, alias: str) -> int:
     return WorkflowSignal.objects.db_manager(alias).wake_signalled(limit, dry_run=dry_run)
 
 
-def _fail_spent_steps(report: SweepReport, limit: int, alias: str) -> None:
-    """Steps whose worker vanished on their last attempt: failed, runs woken."""
+def fail_spent_steps(limit: int, dry_run: bool, alias: str) -> int:
+    """Steps whose worker vanished on their last attempt: failed, runs woken; returns how many."""
     spent = WorkflowStep.objects.db_manager(alias).lapsed().spent()[:limit]
-    if report.dry_run:
-        report.failed_steps = spent.count()
-        return
+    if dry_run:
+        return spent.count()
     manager = WorkflowStep.objects.db_manager(alias)
-    report.failed_steps = sum(manager.fail_lost(step) for step in spent)
+    return sum(manager.fail_lost(step) for step in spent)
 
 
-def _time_out_runs(report: SweepReport, limit: int, alias: str) -> None:
+def time_out_late_runs(limit: int, dry_run: bool, alias: str) -> int:
     """
     Runs past their deadline, whatever they are doing (sleeping, waiting for a
     signal or a child, stalled, or running a step): failed with
     ``WorkflowTimeoutError``, children cancelled, running steps fenced out.
+    Returns how many.
     """
     late = WorkflowRun.objects.db_manager(alias).get_queryset().timed_out()
     ids = list(late.order_by("deadline_at").values_list("pk", flat=True)[:limit])
-    report.timed_out_runs = len(ids) if report.dry_run else time_out_runs(alias, ids)
+    return len(ids) if dry_run else time_out_runs(alias, ids)
 
 
 def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
@@ -232,7 +271,8 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
         if floor.raised_at <= now - PRUNE_GRACE_MS:
             floor.prunable_token = floor.token
         return leases.filter(candidates, token__lte=floor.prunable_token).count()
-    with transaction.atomic(using=alias):
+
+    def write() -> int:
         take_write_lock(alias)
         floor, _ = LeaseTokenFloor.objects.using(alias).select_for_update().get_or_create(pk=1)
         stood = (floor.token, floor.prunable_token, floor.raised_at)
@@ -244,7 +284,9 @@ def _prune_leases(limit: int, dry_run: bool, alias: str) -> int:
             floor.raised_at = now
         if (floor.token, floor.prunable_token, floor.raised_at) != stood:
             floor.save()
-    return pruned
+        return pruned
+
+    return in_transaction(alias, write)
 
 
 def _finished_run_keys(run_leases: dict[str, int], alias: str) -> list[str]:
@@ -269,7 +311,8 @@ def prune_runs(limit: int = 1000, *, dry_run: bool = False, using: str | None = 
     Delete up to ``limit`` finished runs, oldest first, whose ``updated_at``
     (which a run's end sets) is older than PIKKU_RETENTION_MS for their
     status on the database clock, with their steps, attempts and signals;
-    never a run whose parent or a child is unfinished. Returns how many runs
+    never a run with an unfinished run anywhere in its tree, each run on its
+    own status's terms (``store.prune``). Returns how many runs
     it deleted (with ``dry_run``, would delete). Each status is one walk of
     the (status, updated_at) index, bounded by ``limit``, so a pass costs the
     same however much history is kept.
@@ -291,18 +334,22 @@ def prune_runs(limit: int = 1000, *, dry_run: bool = False, using: str | None = 
         walk = kept.filter(guard).order_by("updated_at").values_list("updated_at", "pk")
         oldest.extend(walk[:limit])
     picked = [pk for _, pk in sorted(oldest, key=lambda row: row[0])[:limit]]
-    if dry_run or not picked:
-        return len(picked)
-    with transaction.atomic(using=alias):
+    again = functools.reduce(operator.or_, expired.values(), Q(pk__in=[]))
+    chosen = prune.whole_trees(runs.all(), picked, again, limit) if picked else set()
+    if dry_run or not chosen:
+        return len(chosen)
+
+    def write() -> int:
         take_write_lock(alias)
-        # Locked and judged again: a run retried (or a parent revived) since
-        # it was read no longer matches, and its retry waits for this one.
-        again = functools.reduce(operator.or_, expired.values())
-        locked = list(kept.filter(again, pk__in=picked).select_for_update().values_list("pk", flat=True))
-        if not locked:
+        # Locked and judged again: a run retried (or a parent revived, a
+        # child started) since it was read keeps its whole tree this pass.
+        list(runs.filter(pk__in=chosen).select_for_update().values_list("pk", flat=True))
+        if not prune.still_whole(runs.all(), chosen, again):
             return 0
-        _, deleted = runs.filter(pk__in=locked).delete()
-    return deleted.get(WorkflowRun._meta.label, 0)
+        _, deleted = runs.filter(pk__in=chosen).delete()
+        return deleted.get(WorkflowRun._meta.label, 0)
+
+    return in_transaction(alias, write)
 
 
 __all__ = ["PRUNE_GRACE_MS", "SweepReport", "prune_runs", "sweep", "wake_signalled_runs"]

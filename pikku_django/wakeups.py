@@ -26,7 +26,8 @@ import threading
 
 from django.db import connections, transaction
 
-from pikku_django import wake_files
+from pikku_django.sql import wake_files
+from pikku_django.sql.notify import announce
 
 _cond = threading.Condition()
 _generation = 0
@@ -87,8 +88,6 @@ def work_due(using: str) -> None:
     Say that the transaction in progress on ``using`` (or the autocommitted
     statement just run) made work due: idle workers are woken once it commits.
     """
-    from pikku_django.managers.wakeups import announce
-
     conn = connections[using]
     if conn.in_atomic_block:
         # Once per transaction: a callback of ours already waiting for this

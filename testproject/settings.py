@@ -89,6 +89,22 @@ if _db["ENGINE"].endswith("sqlite3") and not env.bool("PIKKU_SQLITE_DJANGO_DEFAU
 elif _db["ENGINE"].endswith("mysql"):
     _db.setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
     _db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
+# PIKKU_ISOLATION_LEVEL (e.g. "serializable") runs the server's transactions
+# at that isolation level, as a project that sets it has them (the tests of
+# serialization failures start their workers so).
+_isolation = env.str("PIKKU_ISOLATION_LEVEL", default="").strip().lower().replace("_", " ")
+if _isolation and _db["ENGINE"].endswith("postgresql"):
+    import psycopg
+
+    _db.setdefault("OPTIONS", {})["isolation_level"] = psycopg.IsolationLevel[
+        _isolation.upper().replace(" ", "_")
+    ]
+elif _isolation and _db["ENGINE"].endswith("mysql"):
+    _db.setdefault("OPTIONS", {})["isolation_level"] = _isolation
+# PIKKU_BEHIND_POOLER=1: a project behind a transaction-mode pooler, as
+# Django asks it to be configured (no server-side cursors).
+if env.bool("PIKKU_BEHIND_POOLER", default=False):
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 # A subprocess of the test suite is pointed at the live test database by name.
 if env.str("PIKKU_TEST_DB_NAME", default=""):
     _db["NAME"] = env.str("PIKKU_TEST_DB_NAME")
@@ -132,6 +148,12 @@ if env.str("PIKKU_TASK_OPTIONS", default="") and "TASKS" in globals():
 # Per-queue concurrency, as JSON from the environment for worker processes.
 if env.str("PIKKU_QUEUES", default=""):
     PIKKU_QUEUES = json.loads(env.str("PIKKU_QUEUES"))
+
+# Safe deploys: the code version and what a history that no longer fits does,
+# from the environment for the worker processes the tests start.
+for _name in ("PIKKU_CODE_VERSION", "PIKKU_ON_REPLAY_MISMATCH"):
+    if env.str(_name, default=""):
+        globals()[_name] = env.str(_name)
 
 # Schedules, as JSON from the environment for the scheduler processes the tests start.
 if env.str("PIKKU_SCHEDULES", default=""):

@@ -13,6 +13,7 @@ from pikku_django.admin.base import (
     short_uuid,
 )
 from pikku_django.admin.leases import LeaseAdmin, LeaseStateFilter
+from pikku_django.admin.queues import WorkflowQueueAdmin
 from pikku_django.admin.runs import WorkflowRunAdmin, step_counts
 from pikku_django.admin.schedules import WorkflowScheduleAdmin, WorkflowScheduleTickAdmin
 from pikku_django.admin.steps import (
@@ -22,6 +23,7 @@ from pikku_django.admin.steps import (
     WorkflowStepInline,
 )
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
+from pikku_django.admin.workers import WorkflowWorkerAdmin
 
 __all__ = [
     "LeaseAdmin",
@@ -30,6 +32,7 @@ __all__ = [
     "ReadOnlyMixin",
     "ReadOnlyTabularInline",
     "StepColumns",
+    "WorkflowQueueAdmin",
     "WorkflowRunAdmin",
     "WorkflowScheduleAdmin",
     "WorkflowScheduleTickAdmin",
@@ -37,6 +40,7 @@ __all__ = [
     "WorkflowStepAdmin",
     "WorkflowStepAttemptInline",
     "WorkflowStepInline",
+    "WorkflowWorkerAdmin",
     "db_now_ms",
     "describe_wait",
     "format_ms",

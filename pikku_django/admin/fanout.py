@@ -16,8 +16,8 @@ from django.utils.html import format_html
 
 from pikku_django.admin.base import short_uuid
 from pikku_django.managers import ACTIVE_RUN_STATUSES
-from pikku_django.managers.fanout import HELD
 from pikku_django.models import WorkflowFanOut, WorkflowRun
+from pikku_django.store.fanout import HELD
 
 
 def item_counts(step_id: Any) -> dict[str, int]:

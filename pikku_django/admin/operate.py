@@ -10,7 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -19,9 +19,9 @@ from django.views.decorators.http import require_POST
 
 from pikku_django.admin.base import has_change_perm, short_uuid
 from pikku_django.errors import InvalidArgumentError
-from pikku_django.managers.base import write_alias
-from pikku_django.managers.operate import RETRYABLE_RUN_STATUSES, retry_run
+from pikku_django.managers.base import PARKED, write_alias
 from pikku_django.models import RunStatus, WorkflowRun
+from pikku_django.store.operate import RETRYABLE_RUN_STATUSES, retry_run
 from pikku_django.workflows.operate import fork_workflow
 
 #: The most rows an inline shows on a run's page; the rest are one link away.
@@ -33,6 +33,9 @@ RETRY_BATCH = 100
 
 DEAD_LETTERS = "dead"
 
+#: The status filter's choice of the runs parked for a history that no longer fits their code.
+PARKED_RUNS = "parked"
+
 
 class RunStatusFilter(admin.SimpleListFilter):
     """A status filter with one more choice: the failed and the cancelled runs together."""
@@ -41,12 +44,18 @@ class RunStatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(DEAD_LETTERS, "dead letters (failed or cancelled)"), *RunStatus.choices]
+        return [
+            (DEAD_LETTERS, "dead letters (failed or cancelled)"),
+            (PARKED_RUNS, "parked (history no longer fits the code)"),
+            *RunStatus.choices,
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value == DEAD_LETTERS:
             return queryset.filter(status__in=RETRYABLE_RUN_STATUSES)
+        if value == PARKED_RUNS:
+            return queryset.filter(PARKED)
         if value in RunStatus.values:
             return queryset.filter(status=value)
         return queryset
@@ -60,7 +69,7 @@ def retry_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wo
     selected = queryset.count()
     retryable = (
         queryset.using(alias)
-        .filter(status__in=RETRYABLE_RUN_STATUSES)
+        .filter(Q(status__in=RETRYABLE_RUN_STATUSES) | PARKED)
         .order_by()
         .values_list("pk", flat=True)
     )

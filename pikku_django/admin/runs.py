@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.urls.resolvers import URLPattern
 from django.utils import timezone
@@ -20,13 +23,28 @@ from pikku_django.admin.base import (
     pretty_json,
     short_uuid,
 )
+from pikku_django.admin.deploys import CodeVersionFilter, PatchFilter, patch_names
+from pikku_django.admin.events import describe_events
 from pikku_django.admin.fanout import ItemsFilter, fan_out_lines
+from pikku_django.admin.flow import describe_flow
 from pikku_django.admin.operate import (
     INLINE_ROWS,
     RunStatusFilter,
     fork_view,
     full_list_link,
     retry_selected,
+)
+from pikku_django.admin.refresh import RefreshMixin
+from pikku_django.admin.run_page import (
+    PAGE_REQUEST,
+    LevelFilter,
+    cancel_view,
+    coloured_status,
+    error_last_line,
+    readable_error,
+    retry_view,
+    run_buttons,
+    run_name,
 )
 from pikku_django.admin.run_search import WorkflowFilter, search_runs
 from pikku_django.admin.steps import WorkflowStepInline
@@ -52,26 +70,28 @@ def step_counts(status: str | None = None) -> Coalesce:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdmin):
+class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
     list_display = [
         "short_id",
-        "workflow",
-        "status",
+        "name_display",
+        "status_display",
+        "error_display",
         "queue",
-        "priority",
         "steps_display",
-        "waiting_display",
-        "parent_display",
         "age",
+        "waiting_display",
         "wake_display",
-        "updated_at",
+        "parent_display",
+        "priority",
     ]
     list_display_links = ["short_id"]
-    list_filter = [RunStatusFilter, WorkflowFilter, ItemsFilter]
+    list_filter = [RunStatusFilter, WorkflowFilter, LevelFilter, ItemsFilter, CodeVersionFilter, PatchFilter]
     # Searched by search_runs (exact names and keys, id prefixes as ranges).
     search_fields = ["id", "workflow", "idempotency_key"]
     search_help_text = "A run id (or its first characters), a workflow name, or an idempotency key."
     fields = [
+        "summary",
+        "timeline",
         "id",
         "workflow",
         "status",
@@ -79,34 +99,47 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "priority",
         "steps_display",
         "waiting_display",
+        "flow_display",
         "wake_display",
         "deadline_display",
         "parent_display",
         "children_display",
         "idempotency_key",
+        "key",
+        "dedup_key",
         "forked_from",
+        "code_version",
+        "driven_version",
+        "patches_display",
         "created_at",
         "age",
         "updated_at",
         "input_json",
         "output_json",
         "error_json",
-        "timeline",
+        "events_display",
         "more_rows",
     ]
     readonly_fields = [
+        "summary",
+        "name_display",
+        "status_display",
+        "error_display",
         "timeline",
         "more_rows",
         "steps_display",
         "age",
         "wake_display",
         "waiting_display",
+        "flow_display",
         "deadline_display",
         "parent_display",
         "children_display",
         "input_json",
         "output_json",
         "error_json",
+        "patches_display",
+        "events_display",
     ]
     inlines = [WorkflowStepInline, WorkflowSignalInline]
     actions = ["wake_runs", "cancel_runs", "retry_runs"]
@@ -128,6 +161,56 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
     ) -> tuple[QuerySet[WorkflowRun], bool]:
         return search_runs(queryset, search_term), False
+
+    @admin.display(description="holds patches")
+    def patches_display(self, obj: WorkflowRun) -> str:
+        return patch_names(obj) or self.get_empty_value_display()
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # The page's buttons ask whether this request may operate the run.
+        token = PAGE_REQUEST.set(request)
+        try:
+            response = super().change_view(request, object_id, form_url, extra_context)
+            if isinstance(response, TemplateResponse):
+                response.render()
+            return response
+        finally:
+            PAGE_REQUEST.reset(token)
+
+    @admin.display(description="summary")
+    def summary(self, obj: WorkflowRun) -> str:
+        """What a run's page leads with: status, name, queue, age, the error's last line; its buttons."""
+        error = error_last_line(obj.error)
+        return format_html(
+            '{} · <strong>{}</strong> · queue {} · {} old{}<div style="margin-top: .5em">{}</div>',
+            coloured_status(obj.status),
+            run_name(obj),
+            obj.queue,
+            self.age(obj),
+            format_html(' · <code style="color: #c62828">{}</code>', error) if error else "",
+            run_buttons(obj),
+        )
+
+    @admin.display(description="workflow or task", ordering="workflow")
+    def name_display(self, obj: WorkflowRun) -> str:
+        return run_name(obj)
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: WorkflowRun) -> str:
+        return coloured_status(obj.status)
+
+    @admin.display(description="error")
+    def error_display(self, obj: WorkflowRun) -> str:
+        line = error_last_line(obj.error)
+        if not line:
+            return self.get_empty_value_display()
+        return format_html('<span title="{}">{}</span>', line, line if len(line) <= 80 else line[:79] + "…")
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: WorkflowRun) -> str:
@@ -162,6 +245,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     def waiting_display(self, obj: WorkflowRun) -> str:
         """Why the run waits: sleeping until …, waiting for signal "x" since …, waiting for child …."""
         return describe_wait(obj, db_now_ms(obj)) or self.get_empty_value_display()
+
+    @admin.display(description="flow control")
+    def flow_display(self, obj: WorkflowRun) -> str:
+        """Why flow control holds the run: debounced or rate-limited until …, its key's slots in use."""
+        return describe_flow(obj, db_now_ms(obj)) or self.get_empty_value_display()
 
     @admin.display(description="parent", ordering="parent")
     def parent_display(self, obj: WorkflowRun) -> str:
@@ -213,7 +301,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="error")
     def error_json(self, obj: WorkflowRun) -> str:
-        return pretty_json(obj.error, self.get_empty_value_display())
+        return readable_error(obj.error, self.get_empty_value_display())
+
+    @admin.display(description="events and streams")
+    def events_display(self, obj: WorkflowRun) -> str:
+        return describe_events(obj, self.get_empty_value_display())
 
     @admin.action(description="Wake selected runs", permissions=["wake"])
     def wake_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
@@ -270,7 +362,17 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             self.admin_site.admin_view(fork_view),
             name="pikku_django_workflowrun_fork",
         )
-        return [fork, *super().get_urls()]
+        retry = path(
+            "<path:object_id>/retry/",
+            self.admin_site.admin_view(retry_view),
+            name="pikku_django_workflowrun_retry",
+        )
+        cancel = path(
+            "<path:object_id>/cancel/",
+            self.admin_site.admin_view(cancel_view),
+            name="pikku_django_workflowrun_cancel",
+        )
+        return [fork, retry, cancel, *super().get_urls()]
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return has_change_perm(request, WorkflowRun)

@@ -21,7 +21,7 @@ from pikku_django.admin.base import (
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.schedules import WorkflowScheduleQuerySet
 from pikku_django.models import WorkflowSchedule, WorkflowScheduleTick
-from pikku_django.schedule_report import iso, next_ticks, state
+from pikku_django.schedules.report import iso, next_ticks, state
 
 #: How many ledger rows a schedule's page lists (the ledger's own page has them all).
 LEDGER_ROWS = 20

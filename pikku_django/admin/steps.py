@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -41,6 +41,15 @@ class StepColumns(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
         return format_ms(left) if left > 0 else "lapsed"
 
 
+def attempt_lost(attempt: WorkflowStepAttempt, now_ms: int) -> bool:
+    """Did ``attempt``, written as running, lose its worker (on the database clock ``now_ms``)?"""
+    step = attempt.step
+    if attempt.attempt < step.attempt:
+        return True
+    lease = step.lease_expires_at
+    return step.status == StepStatus.RUNNING and lease is not None and lease <= now_ms
+
+
 class WorkflowStepInline(StepColumns, ReadOnlyTabularInline):
     """A run's steps, the first ``INLINE_ROWS`` of them, each with a fork button."""
 
@@ -66,7 +75,7 @@ class WorkflowStepAttemptInline(ReadOnlyTabularInline):
     model = WorkflowStepAttempt
     fields = [
         "attempt",
-        "status",
+        "status_display",
         "holder",
         "result_display",
         "error_message",
@@ -74,14 +83,52 @@ class WorkflowStepAttemptInline(ReadOnlyTabularInline):
         "running_at",
         "succeeded_at",
         "failed_at",
+        "delay_before_next",
     ]
-    readonly_fields = ["result_display", "error_message"]
+    readonly_fields = ["status_display", "result_display", "error_message", "delay_before_next"]
     # Not the model's ("step", "attempt"): ordering by the FK would join the step table.
     ordering = ["attempt"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowStepAttempt]:
+        attempts: QuerySet[WorkflowStepAttempt] = super().get_queryset(request)
+        # The next attempt's start, for the delay a failure was followed by.
+        after = WorkflowStepAttempt.objects.filter(
+            step_id=OuterRef("step_id"), attempt=OuterRef("attempt") + 1
+        )
+        return attempts.select_related("step").annotate(
+            db_now_ms=DbNowMs(), next_running_at=Subquery(after.values("running_at")[:1])
+        )
+
+    @admin.display(description="status")
+    def status_display(self, obj: WorkflowStepAttempt) -> str:
+        """
+        "lost worker" for an attempt still written as running whose worker is
+        gone: a later attempt took the step, or its step lease lapsed.
+        """
+        if obj.status == StepStatus.RUNNING and attempt_lost(obj, db_now_ms(obj)):
+            return "lost worker"
+        return str(obj.get_status_display())
 
     @admin.display(description="result")
     def result_display(self, obj: WorkflowStepAttempt) -> str:
         return pretty_json(obj.result, self.get_empty_value_display())
+
+    @admin.display(description="delay before the next")
+    def delay_before_next(self, obj: WorkflowStepAttempt) -> str:
+        """
+        A failed attempt's wait before the next attempt started (its backoff
+        or retry delay, and the time to a free worker), or the delay the
+        next one is due after while it waits.
+        """
+        if obj.status != StepStatus.FAILED or obj.failed_at is None:
+            return self.get_empty_value_display()
+        started = getattr(obj, "next_running_at", None)
+        if started is not None:
+            return format_ms(max(int((started - obj.failed_at).total_seconds() * 1000), 0))
+        step = obj.step
+        if step.attempt == obj.attempt and step.status == StepStatus.FAILED and not step.is_exhausted:
+            return f"due {format_ms(step.retry_delay or 0)} after it"
+        return self.get_empty_value_display()
 
     @admin.display(description="error")
     def error_message(self, obj: WorkflowStepAttempt) -> str:

@@ -8,7 +8,7 @@ hover. No JavaScript, nothing fetched from elsewhere.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,9 @@ from django.utils.safestring import SafeString, mark_safe
 
 from pikku_django.admin.base import format_ms
 from pikku_django.clock import DbNow
-from pikku_django.managers.operate import CHILD_RPC, SLEEP_RPC
 from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.models import WorkflowRun, WorkflowStepAttempt
+from pikku_django.store.operate import CHILD_RPC, SLEEP_RPC
 
 #: At most this many bars (attempts) are drawn, so a page stays bounded.
 MAX_BARS = 200
@@ -30,11 +30,15 @@ KINDS: dict[str, tuple[str, str]] = {
     "running": ("running", "#3d7fc1"),
     "succeeded": ("running (succeeded)", "#3c9d5d"),
     "failed": ("running (failed)", "#c8483b"),
+    "timeout": ("running (timed out)", "#7a1f17"),
     "lost": ("lost worker", "#8a5a9e"),
     "delay": ("retry delay", "#e0a33a"),
     "sleep": ("sleep", "#9bb7d4"),
     "waiting": ("waiting (signal or children)", "#f0d36b"),
 }
+
+#: The errors of an attempt failed by its ``timeout_ms``, by the end of their stored type.
+TIMEOUT_TYPES = (".StepTimeoutError", ".TaskTimeoutError")
 
 LABEL_WIDTH = 190
 PLOT_WIDTH = 640
@@ -93,7 +97,7 @@ def _segments(row: dict[str, Any], later: dict[str, Any] | None, now: datetime.d
     if rpc == CHILD_RPC:
         segments.append(Segment("waiting", running, ended or now))
     elif ended is not None:
-        segments.append(Segment("succeeded" if status == "succeeded" else "failed", running, ended))
+        segments.append(Segment(_ended_kind(row), running, ended))
     elif later is not None:
         # Still "running" with a later attempt: its worker was lost until the next one took it.
         segments.append(Segment("lost", running, later["running_at"] or later["created_at"]))
@@ -104,6 +108,15 @@ def _segments(row: dict[str, Any], later: dict[str, Any] | None, now: datetime.d
         if ended < next_start:
             segments.append(Segment("delay" if row["step__retry_delay"] else "queued", ended, next_start))
     return segments
+
+
+def _ended_kind(row: dict[str, Any]) -> str:
+    """An ended attempt's kind: succeeded, failed, or failed by its ``timeout_ms``."""
+    if row["status"] == "succeeded":
+        return "succeeded"
+    error = row.get("error")
+    kind = error.get("type", "") if isinstance(error, dict) else ""
+    return "timeout" if str(kind).endswith(TIMEOUT_TYPES) else "failed"
 
 
 def run_timeline(run: WorkflowRun) -> SafeString:
@@ -127,6 +140,7 @@ def run_timeline(run: WorkflowRun) -> SafeString:
             "step__step_name",
             "step__rpc_name",
             "step__retry_delay",
+            "error",
         )[: MAX_BARS + 1]
     )
     attempts = [dict(row) for row in rows]
@@ -148,45 +162,9 @@ def render(
     def x(at: datetime.datetime) -> float:
         return LABEL_WIDTH + PLOT_WIDTH * _ms(first, at) / span
 
-    rows: list[SafeString] = []
-    for n, bar in enumerate(drawn):
-        y = n * ROW_HEIGHT
-        rects = format_html_join(
-            "",
-            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>',
-            (
-                (
-                    f"{x(s.start):.1f}",
-                    y + 3,
-                    f"{max(x(s.end) - x(s.start), 1.0):.1f}",
-                    BAR_HEIGHT,
-                    KINDS[s.kind][1],
-                    f"{bar.label}: {KINDS[s.kind][0]} {_stamp(s.start)} to {_stamp(s.end)} "
-                    f"({format_ms(_ms(s.start, s.end))}), worker {bar.holder or '(none)'}",
-                )
-                for s in bar.segments
-            ),
-        )
-        rows.append(
-            format_html(
-                '<g class="pikku-bar"><text x="0" y="{}" font-size="11">{}</text>{}</g>',
-                y + 13,
-                bar.label,
-                rects,
-            )
-        )
+    rows = [_bar_row(bar, n * ROW_HEIGHT, x) for n, bar in enumerate(drawn)]
     height = len(drawn) * ROW_HEIGHT + 2 * ROW_HEIGHT
-    axis = format_html(
-        '<text x="{}" y="{}" font-size="10">{}</text>'
-        '<text x="{}" y="{}" font-size="10" text-anchor="end">{} (+{})</text>',
-        LABEL_WIDTH,
-        height - ROW_HEIGHT + 4,
-        _stamp(first),
-        LABEL_WIDTH + PLOT_WIDTH,
-        height - ROW_HEIGHT + 4,
-        _stamp(last),
-        format_ms(span),
-    )
+    axis = _axis(first, last, span, height)
     legend = format_html_join(
         "",
         '<rect x="{}" y="{}" width="10" height="10" fill="{}"></rect>'
@@ -203,6 +181,50 @@ def render(
         axis,
         legend,
         note,
+    )
+
+
+def _bar_row(bar: Bar, y: int, x: Callable[[datetime.datetime], float]) -> SafeString:
+    """
+    One bar's row at ``y``: its label, then a rectangle per segment, placed by
+    ``x``, each with its kind, times and worker in a ``<title>``.
+    """
+    rects = format_html_join(
+        "",
+        '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>',
+        (
+            (
+                f"{x(s.start):.1f}",
+                y + 3,
+                f"{max(x(s.end) - x(s.start), 1.0):.1f}",
+                BAR_HEIGHT,
+                KINDS[s.kind][1],
+                f"{bar.label}: {KINDS[s.kind][0]} {_stamp(s.start)} to {_stamp(s.end)} "
+                f"({format_ms(_ms(s.start, s.end))}), worker {bar.holder or '(none)'}",
+            )
+            for s in bar.segments
+        ),
+    )
+    return format_html(
+        '<g class="pikku-bar"><text x="0" y="{}" font-size="11">{}</text>{}</g>',
+        y + 13,
+        bar.label,
+        rects,
+    )
+
+
+def _axis(first: datetime.datetime, last: datetime.datetime, span: int, height: int) -> SafeString:
+    """The time axis under the bars: its first and last instants, and the span between them."""
+    return format_html(
+        '<text x="{}" y="{}" font-size="10">{}</text>'
+        '<text x="{}" y="{}" font-size="10" text-anchor="end">{} (+{})</text>',
+        LABEL_WIDTH,
+        height - ROW_HEIGHT + 4,
+        _stamp(first),
+        LABEL_WIDTH + PLOT_WIDTH,
+        height - ROW_HEIGHT + 4,
+        _stamp(last),
+        format_ms(span),
     )
 
 

@@ -14,13 +14,13 @@ from pikku_django.managers.base import (
     SWEEP_BACKOFF_MS,
     WOKEN,
     ensure_autocommit,
-    now_params,
     serialize_error,
 )
 from pikku_django.managers.leases import LeaseManager, LeaseQuerySet
 from pikku_django.managers.runs import WorkflowRunManager, WorkflowRunQuerySet
 from pikku_django.managers.signals import WorkflowSignalManager, WorkflowSignalQuerySet
 from pikku_django.managers.steps import WorkflowStepManager, WorkflowStepQuerySet
+from pikku_django.sql.cursors import now_params
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",

@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from pikku_django import models as pikku_models
 from pikku_django import sql, validate
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError, StepSupersededError
-from pikku_django.managers.base import ensure_autocommit, hot_cursor, now_params, serialize_error
-from pikku_django.managers.conflicts import retried
-from pikku_django.managers.drivers import driver
+from pikku_django.managers.base import ensure_autocommit, serialize_error
 from pikku_django.managers.fence import UNFENCED, RunFence
+from pikku_django.sql.conflicts import retried
+from pikku_django.sql.cursors import hot_cursor, now_params
+from pikku_django.sql.drivers import driver
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowStep
@@ -69,10 +71,9 @@ class StepAttemptsMixin:
 
     def run_state(self, run_id: Any) -> tuple[str, int | None, int] | None:
         """The run's status and ``deadline_at``, and the DB clock's now; None if there is no such run."""
-        from pikku_django.models import WorkflowRun
 
         connection = self._write_connection()
-        params = {"run_id": WorkflowRun._meta.pk.get_db_prep_value(run_id, connection)}
+        params = {"run_id": pikku_models.WorkflowRun._meta.pk.get_db_prep_value(run_id, connection)}
         with hot_cursor(connection) as cursor:
             cursor.execute(sql.statement("run_state", connection), params)
             row = cursor.fetchone()
@@ -90,6 +91,7 @@ class StepAttemptsMixin:
         retries: int | None = None,
         retry_delay: int | None = None,
         *,
+        worker_losses: int | None = None,
         holder: str | None = None,
         fence: RunFence | None = None,
         outcome: PreparedFinish | None = None,
@@ -116,6 +118,10 @@ class StepAttemptsMixin:
             "data": shown_text(data),
             "retries": conf.STEP_RETRIES if retries is None else validate.retries("retries", retries),
             "retry_delay": None if retry_delay is None else validate.retry_delay("retry_delay", retry_delay),
+            # A worker-loss budget apart from retries (``max_attempts``; see ``WorkflowStep.is_exhausted``).
+            "worker_losses": None
+            if worker_losses is None
+            else validate.retries("worker_losses", worker_losses),
             "holder": _holder(holder),
             **(UNFENCED if fence is None else fence.params()),
         }
@@ -134,6 +140,22 @@ class StepAttemptsMixin:
 
         if not retried(connection, write):
             return None
+        return self._started_step(step_id, run_id, step_name, rpc_name, data, params, connection.alias)
+
+    def _started_step(
+        self,
+        step_id: uuid.UUID,
+        run_id: Any,
+        step_name: str,
+        rpc_name: str,
+        data: Any,
+        params: dict[str, Any],
+        alias: str,
+    ) -> WorkflowStep:
+        """
+        The step ``start_step`` inserted (``params``: its statement's), built in
+        memory as stored on ``alias``: its timestamps and lease expiry are not read.
+        """
         step = self.model(
             id=step_id,
             run_id=run_id,
@@ -143,10 +165,11 @@ class StepAttemptsMixin:
             status="running",
             retries=params["retries"],
             retry_delay=params["retry_delay"],
+            worker_losses=params["worker_losses"],
             attempt=1,
         )
         step._state.adding = False
-        step._state.db = connection.alias
+        step._state.db = alias
         return step
 
     def _handoff(
@@ -172,6 +195,7 @@ class StepAttemptsMixin:
         *,
         holder: str | None = None,
         within: bool = False,
+        by_take: bool = False,
     ) -> int | None:
         """
         ``claim()``, answering only the attempt number now run (or None, after
@@ -180,9 +204,12 @@ class StepAttemptsMixin:
         (the worker's name) is written on the attempt's history row.
         ``within=True``: statements of the caller's transaction (a worker's
         take), and a refused claim is not settled here: the pass claims the
-        step again as it would have, and settles then.
+        step again as it would have, and settles then. ``by_take``: a
+        worker's take's claim (``WorkflowStep.provisional``; see ``claim_many``).
         """
         params: dict[str, Any] = {
+            "by_take": by_take,
+            "provisional": False,
             "step_name": validate.name("step_name", step_name),
             "rpc_name": validate.name("rpc_name", rpc_name),
             "lease_ms": validate.positive_ms("lease_ms", lease_ms),
@@ -218,18 +245,31 @@ class StepAttemptsMixin:
         return finish.stored
 
     def prepare_finish(
-        self, step_id: Any, attempt: int, *, result: Any = None, error: BaseException | None = None
+        self,
+        step_id: Any,
+        attempt: int,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+        next_delay: int | None = None,
+        final: bool = False,
     ) -> PreparedFinish:
         """
         An attempt's outcome, validated and encoded, ready for ``write_finish``
         (a result that cannot be stored raises ``InvalidArgumentError`` here,
-        before any SQL): a pass may keep it until its next write.
+        before any SQL): a pass may keep it until its next write. A failure
+        may carry its policy's verdict: ``final`` (no other attempt: the
+        step's budget is spent) or ``next_delay`` (ms before the next
+        attempt, on the database clock: the step's new ``retry_delay``).
         """
         validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         if error is not None:
             if not isinstance(error, BaseException):
                 raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}.")
-            return PreparedFinish(step_id, attempt, "failed", None, json.dumps(serialize_error(error)))
+            delay = None if next_delay is None else validate.retry_delay("next_delay", next_delay)
+            return PreparedFinish(
+                step_id, attempt, "failed", None, json.dumps(serialize_error(error)), delay, bool(final)
+            )
         return PreparedFinish(step_id, attempt, "succeeded", json_text("result", result), None)
 
     def write_finish(self, finish: PreparedFinish, *, within: bool = False) -> None:
@@ -257,6 +297,8 @@ class StepAttemptsMixin:
             "status": finish.status,
             "result": finish.result_text,
             "error": finish.error_text,
+            "next_delay": finish.next_delay,
+            "final": finish.final,
             **now_params(connection),
         }
 
@@ -270,6 +312,10 @@ class PreparedFinish:
     status: str
     result_text: str | None
     error_text: str | None
+    #: A failure's delay before the next attempt (ms), when a backoff gave one.
+    next_delay: int | None = None
+    #: A failure that allows no other attempt: its step's budget is spent.
+    final: bool = False
 
     @property
     def stored(self) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db.models import Exists
 
+from pikku_django import models as pikku_models
 from pikku_django.clock import DbNowMs
 
 
@@ -29,10 +30,9 @@ class RunFence:
 
     def held(self, alias: str) -> Exists:
         """A condition true while the lease is still this one and live (for ``.filter()``)."""
-        from pikku_django.models import Lease
 
         return Exists(
-            Lease.objects.using(alias).filter(
+            pikku_models.Lease.objects.using(alias).filter(
                 key=self.key, holder=self.holder, token=self.token, expires_at__gt=DbNowMs()
             )
         )

@@ -9,8 +9,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from pikku_django import sql, validate
 from pikku_django.clock import DbNowMs
-from pikku_django.managers.base import ensure_autocommit, hot_cursor
-from pikku_django.managers.drivers import driver
+from pikku_django.managers.base import ensure_autocommit
+from pikku_django.sql.cursors import hot_cursor
+from pikku_django.sql.drivers import driver
 
 if TYPE_CHECKING:
     from pikku_django.models import Lease

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models
 from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value, When
 
+from pikku_django import models as pikku_models
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs, as_stored, epoch_ms, local_now
-from pikku_django.errors import IdempotencySnapshotError, InvalidArgumentError
+from pikku_django.errors import InvalidArgumentError
 from pikku_django.managers.base import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
@@ -19,9 +20,13 @@ from pikku_django.managers.base import (
     SWEEP_BACKOFF_MS,
     WOKEN,
     batched,
-    make_way_for_writers,
     write_alias,
 )
+from pikku_django.managers.starts import idempotency_winner
+from pikku_django.managers.starts import refuse_internal as refuse_internal
+from pikku_django.managers.versions import code_version
+from pikku_django.sql.conflicts import in_transaction
+from pikku_django.sql.cursors import make_way_for_writers
 from pikku_django.wakeups import work_due
 
 if TYPE_CHECKING:
@@ -43,6 +48,11 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         """
         return self.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=DbNowMs())
 
+    def unpaused(self) -> WorkflowRunQuerySet:
+        """Runs of queues not paused (``WorkflowQueue.paused``), by a subquery of the same statement."""
+        queues = pikku_models.WorkflowQueue.objects.using(self.db)
+        return self.exclude(queue__in=queues.filter(paused=True).values("name"))
+
     def next_due(self, limit: int) -> list[tuple[Any, int | None, str]]:
         """
         Up to ``limit`` of these runs that are due, as (id, wake_at, queue):
@@ -57,19 +67,21 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         the ``pikku_run_due_idx`` index per active status, each in the
         index's own order and stopping after ``limit`` rows, then the walks
         merged: an IN over the index's leading column would sort every due
-        run on each look, and a backlog would make each look slower.
+        run on each look, and a backlog would make each look slower. Runs
+        of a paused queue are left out by each walk (``unpaused``), after
+        its key is read.
         """
         order = ("-priority", "wake_at")
         fields = ("pk", "wake_at", "queue", "priority")
         if connections[self.db].features.supports_slicing_ordering_in_compound:
-            walks = [self._due_walk(status).order_by(*order) for status in ACTIVE_RUN_STATUSES]
+            walks = [self._due_walk(status).unpaused().order_by(*order) for status in ACTIVE_RUN_STATUSES]
             first, *rest = (walk.values_list(*fields)[:limit] for walk in walks)
             return first.union(*rest, all=True).order_by(*order)[:limit]
         # SQLite allows no ORDER BY ... LIMIT inside a compound statement:
         # the walks pick ids as subqueries of one statement instead.
         picked = Q()
         for status in ACTIVE_RUN_STATUSES:
-            walk = self._due_walk(status, bound_filters=True).order_by(*order)
+            walk = self._due_walk(status, bound_filters=True).unpaused().order_by(*order)
             picked |= Q(pk__in=walk.values("pk")[:limit])
         runs = self.model._default_manager.db_manager(self.db).get_queryset()
         return runs.filter(picked).order_by(*order).values_list(*fields)[:limit]
@@ -121,9 +133,8 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         return self.filter(Q(wake_at__isnull=True) | Q(wake_at__lte=DbNowMs()) | self._has_lapsed_step())
 
     def _has_lapsed_step(self) -> Exists:
-        from pikku_django.models import WorkflowStep
 
-        steps = WorkflowStep.objects.db_manager(self.db).get_queryset()
+        steps = pikku_models.WorkflowStep.objects.db_manager(self.db).get_queryset()
         return Exists(steps.lapsed().filter(run=OuterRef("pk")))
 
     def not_queued(self) -> WorkflowRunQuerySet:
@@ -146,9 +157,10 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         lists them).
         """
         validate.whole("idle_ms", idle_ms, maximum=validate.MAX_TTL_MS)
-        from pikku_django.models import WorkflowStep
 
-        steps = WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
+        steps = (
+            pikku_models.WorkflowStep.objects.db_manager(self.db).get_queryset().filter(run=OuterRef("pk"))
+        )
         cutoff = DbNow(minus_ms=idle_ms)
         return (
             self.filter(status="running", updated_at__lte=cutoff)
@@ -230,7 +242,7 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
         ``BULK_BATCH_RUNS`` runs to a transaction (``cancel_runs``): a run,
         its children and the parent step waiting on it always end together.
         """
-        from pikku_django.managers.lifecycle import cancel_runs
+        from pikku_django.store.lifecycle import cancel_runs
 
         alias = write_alias(self.model, self._db)  # type: ignore[attr-defined]
         return cancel_runs(
@@ -274,6 +286,10 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         timeout_ms: int | None = None,
         parent: WorkflowRun | None = None,
         internal: bool = False,
+        trace_context: dict[str, str] | None = None,
+        key: str | None = None,
+        dedup_key: str | None = None,
+        debounce_until: int | None = None,
     ) -> WorkflowRun:
         """
         A new run of ``workflow`` on ``queue``, running and due at once (or at
@@ -282,40 +298,41 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         A used ``idempotency_key`` raises IntegrityError (see ``start_run``).
         It is one INSERT on the manager's connection, so inside
         ``transaction.atomic()`` it commits or rolls back with the caller's
-        own writes. The runs of an internal workflow (the Tasks backend's)
-        are created only with ``internal=True``.
+        own writes. An internal workflow's runs (the Tasks backend's) need
+        ``internal=True``. The rest: tracing's (``workflows.tracing``) and flow control's.
         """
         refuse_internal(workflow, internal)
-        if wake_at is not None:
-            validate.whole("wake_at", wake_at)
-        if idempotency_key is not None:
-            validate.name("idempotency_key", idempotency_key)
-        # Where the database clock is this process's own, its values are
-        # written as such and nothing is read back.
+        _check_names(wake_at=wake_at, idempotency_key=idempotency_key, key=key, dedup_key=dedup_key)
+        # Where the database clock is this process's own, nothing is read back.
         alias = write_alias(self.model, self._db)
         here = local_now(connections[alias])
         now_ms: Any = DbNowMs() if here is None else epoch_ms(here)
         now_dt: Any = DbNow() if here is None else as_stored(here)
         deadline = None if timeout_ms is None else now_ms + validate.positive_ms("timeout_ms", timeout_ms)
+        version = code_version(workflow)
         run = self.model(
             workflow=validate.name("workflow", workflow),
+            code_version=version,
+            driven_version=version,
             input=validate.json_value("input", input),
             queue=validate.queue_name("queue", queue),
             priority=validate.priority("priority", priority),
             status="running",
             wake_at=now_ms if wake_at is None else wake_at,
             idempotency_key=idempotency_key,
+            key=key,
+            dedup_key=dedup_key,
+            debounce_until=debounce_until,
             deadline_at=deadline,
             parent=parent,
+            trace_context=trace_context,
             created_at=now_dt,
             updated_at=now_dt,
         )
         run.save(force_insert=True, using=alias)
         if here is None:
             run.refresh_from_db(using=alias, fields=["wake_at", "deadline_at", "created_at", "updated_at"])
-        if wake_at is None:
-            work_due(alias)
-        return run
+        return _due_now(run, alias) if wake_at is None else run
 
     def start_run(
         self,
@@ -326,6 +343,8 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         timeout_ms: int | None = None,
         queue: str = "default",
         priority: int = 0,
+        trace_context: dict[str, str] | None = None,
+        key: str | None = None,
     ) -> WorkflowRun:
         """
         The run of ``idempotency_key``: created by the first call, returned
@@ -340,18 +359,22 @@ class WorkflowRunManager(models.Manager["WorkflowRun"]):
         run = runs.filter(idempotency_key=idempotency_key).first()
         if run is None:
             try:
-                # A savepoint, so a lost race leaves an outer transaction usable.
-                with transaction.atomic(using=alias):
-                    run = self.db_manager(alias).create_run(
+                # A savepoint inside a caller's transaction, so a lost race leaves it usable.
+                run = in_transaction(
+                    alias,
+                    lambda: self.db_manager(alias).create_run(
                         workflow,
                         input,
                         idempotency_key=idempotency_key,
                         timeout_ms=timeout_ms,
                         queue=queue,
                         priority=priority,
-                    )
+                        trace_context=trace_context,
+                        key=key,
+                    ),
+                )
             except IntegrityError:
-                run = _winner(runs, alias, idempotency_key)
+                run = idempotency_winner(runs, alias, idempotency_key)
         if run.workflow != workflow:
             raise InvalidArgumentError(
                 f"idempotency_key {idempotency_key!r} already started a run of workflow {run.workflow!r}, "
@@ -378,29 +401,18 @@ def not_queued(prefix: str = "") -> Q:
     return Q(**{f"{prefix}wake_at__isnull": True}) | Q(**{f"{prefix}wake_at__range": (MIN_WAKE_AT, WOKEN)})
 
 
-def _winner(runs: WorkflowRunQuerySet, alias: str, idempotency_key: str) -> WorkflowRun:
-    """
-    The run that won a start's race for ``idempotency_key``. Inside a
-    caller's transaction the read locks, so that under REPEATABLE READ
-    (MySQL's and MariaDB's default) it reads the winner's committed row, not
-    the transaction's older snapshot; on PostgreSQL a snapshot that cannot
-    see it is a clear error (``IdempotencySnapshotError``).
-    """
-    if connections[alias].in_atomic_block:
-        run = runs.select_for_update().filter(idempotency_key=idempotency_key).first()
-    else:
-        run = runs.filter(idempotency_key=idempotency_key).first()
-    if run is None:
-        raise IdempotencySnapshotError(idempotency_key)
+def _check_names(
+    *, wake_at: int | None, idempotency_key: str | None, key: str | None, dedup_key: str | None
+) -> None:
+    """``create_run``'s optional arguments, each refused by name before any SQL."""
+    if wake_at is not None:
+        validate.whole("wake_at", wake_at)
+    for name, value in (("idempotency_key", idempotency_key), ("key", key), ("dedup_key", dedup_key)):
+        if value is not None:
+            validate.name(name, value)
+
+
+def _due_now(run: WorkflowRun, alias: str) -> WorkflowRun:
+    """A run due at once: the workers that wait for work hear of it (``wakeups.work_due``)."""
+    work_due(alias)
     return run
-
-
-def refuse_internal(workflow: object, internal: bool) -> None:
-    """A run of an internal workflow is started only by pikku_django's own code."""
-    from pikku_django.workflows.registry import is_internal
-
-    if not internal and isinstance(workflow, str) and is_internal(workflow):
-        raise InvalidArgumentError(
-            f"name: workflow {workflow!r} is pikku_django's own; only its backend starts runs of it "
-            "(enqueue a Django Task instead)."
-        )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
 from django.db.models import F, OuterRef, Subquery
 
+from pikku_django import models as pikku_models
 from pikku_django.clock import DbNow, DbNowMs
 
 if TYPE_CHECKING:
-    from pikku_django.schedule_models import WorkflowSchedule, WorkflowScheduleTick  # noqa: F401
+    from pikku_django.models.schedules import WorkflowSchedule, WorkflowScheduleTick  # noqa: F401
 
 
 class WorkflowScheduleQuerySet(models.QuerySet["WorkflowSchedule"]):
@@ -27,9 +29,8 @@ class WorkflowScheduleQuerySet(models.QuerySet["WorkflowSchedule"]):
         cron made (manual ticks aside), and ``db_now_ms``: one statement, an
         index probe per schedule on the ledger's unique (schedule, tick_at).
         """
-        from pikku_django.schedule_models import WorkflowScheduleTick
 
-        ledger = WorkflowScheduleTick.objects.filter(schedule=OuterRef("pk"), manual=False)
+        ledger = pikku_models.WorkflowScheduleTick.objects.filter(schedule=OuterRef("pk"), manual=False)
         newest = ledger.order_by("-tick_at").values("tick_at")[:1]
         return self.annotate(last_tick_at=Subquery(newest), db_now_ms=DbNowMs())
 
@@ -39,9 +40,10 @@ class WorkflowScheduleQuerySet(models.QuerySet["WorkflowSchedule"]):
         (manual or not): ``latest_tick_at``, ``latest_skipped``, ``latest_manual``,
         ``latest_run_id``, ``latest_run_status``, ``latest_task_result_id``.
         """
-        from pikku_django.schedule_models import WorkflowScheduleTick
 
-        newest = WorkflowScheduleTick.objects.filter(schedule=OuterRef("pk")).order_by("-tick_at")[:1]
+        newest = pikku_models.WorkflowScheduleTick.objects.filter(schedule=OuterRef("pk")).order_by(
+            "-tick_at"
+        )[:1]
         columns = {
             "tick_at": "tick_at",
             "skipped": "skipped",
@@ -109,3 +111,8 @@ class WorkflowScheduleTickManager(models.Manager["WorkflowScheduleTick"]):
 
     def get_queryset(self) -> WorkflowScheduleTickQuerySet:
         return WorkflowScheduleTickQuerySet(self.model, using=self._db)
+
+    def scheduled_at(self, run_id: Any) -> datetime.datetime | None:
+        """The instant of the tick that started the run ``run_id`` (aware UTC), or None if no schedule did."""
+        at = self.filter(run_id=run_id).values_list("tick_at", flat=True).first()
+        return None if at is None else datetime.datetime.fromtimestamp(at / 1000, tz=datetime.timezone.utc)

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, models, router, transaction
+from django.db import IntegrityError, models, router
 from django.db.models import Exists, OuterRef
 from django.db.models.fields.json import KeyTextTransform
 
+from pikku_django import models as pikku_models
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.errors import InvalidArgumentError
-from pikku_django.managers.base import WOKEN
+from pikku_django.managers.base import PARKED, WOKEN
+from pikku_django.sql.conflicts import in_transaction
 from pikku_django.wakeups import work_due
 
 if TYPE_CHECKING:
@@ -52,35 +54,39 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
         with the run's ``idempotency_key`` stores nothing and returns the
         first signal.
         """
-        from pikku_django.models import WorkflowRun
 
         validate.name("name", name)
         validate.json_value("payload", payload)
         if idempotency_key is not None:
             validate.name("idempotency_key", idempotency_key)
         alias = self._write_db()
-        runs = WorkflowRun.objects.using(alias)
+        runs = pikku_models.WorkflowRun.objects.using(alias)
         try:
             status = runs.values_list("status", flat=True).get(pk=run_id)
-        except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
+        except (pikku_models.WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError):
             raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.") from None
         if status not in WAITING_RUN_STATUSES:
             raise InvalidArgumentError(
                 f"run_id: workflow run {run_id} is {status}; a signal can only be sent to an unfinished run."
             )
-        signal = self.model(
-            run_id=run_id, name=name, payload=payload, sent_at=DbNowMs(), idempotency_key=idempotency_key
-        )
-        try:
+
+        def write() -> WorkflowSignal:
+            # Made afresh on each try: a try the server rolled back stored nothing.
+            signal = self.model(
+                run_id=run_id, name=name, payload=payload, sent_at=DbNowMs(), idempotency_key=idempotency_key
+            )
             # The wake comes first: it takes the write lock on SQLite (no read
             # to upgrade from) and the run's row lock elsewhere, so two sends
             # racing with one key queue on the run instead of deadlocking
             # (on InnoDB each insert's foreign key check share-locks the run).
-            with transaction.atomic(using=alias):
-                if self._wake(alias, run_id, name):
-                    # Idle workers look again once this commits.
-                    work_due(alias)
-                signal.save(force_insert=True, using=alias)
+            if self._wake(alias, run_id, name):
+                # Idle workers look again once this commits.
+                work_due(alias)
+            signal.save(force_insert=True, using=alias)
+            return signal
+
+        try:
+            signal = in_transaction(alias, write)
         except IntegrityError:
             if idempotency_key is None:
                 raise
@@ -93,14 +99,14 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
 
     def _wake(self, alias: str, run_id: Any, name: str) -> int:
         """Wake the run if one of its steps waits for ``name`` (one guarded UPDATE)."""
-        from pikku_django.models import WorkflowRun, WorkflowStep
 
-        waiting = WorkflowStep.objects.using(alias).filter(
+        waiting = pikku_models.WorkflowStep.objects.using(alias).filter(
             run=OuterRef("pk"), status="suspended", rpc_name=SIGNAL_RPC, data__signal=name
         )
-        runs = WorkflowRun.objects.using(alias)
+        runs = pikku_models.WorkflowRun.objects.using(alias)
         return (
             runs.filter(pk=run_id, status__in=WAITING_RUN_STATUSES)
+            .exclude(PARKED)
             .filter(Exists(waiting))
             .update(status="running", wake_at=WOKEN, updated_at=DbNow())
         )
@@ -123,7 +129,6 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
         that signal waiting, so sweeps on many nodes wake a run once.
         Returns how many runs were woken (with ``dry_run``, would be).
         """
-        from pikku_django.models import WorkflowRun
 
         alias = self._write_db()
         ids = list(self._signalled(alias).values_list("run_id", flat=True)[:limit])
@@ -132,7 +137,11 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
         # The guard's subquery reads no run row: MySQL refuses a subquery on
         # the table an UPDATE writes; the outer filter checks the status.
         waiting = self._signalled(alias, of_suspended_runs=False).filter(run_id=OuterRef("pk"))
-        runs = WorkflowRun.objects.using(alias).filter(pk__in=ids, status="suspended").filter(Exists(waiting))
+        runs = (
+            pikku_models.WorkflowRun.objects.using(alias)
+            .filter(pk__in=ids, status="suspended", error__isnull=True)
+            .filter(Exists(waiting))
+        )
         if dry_run:
             return runs.count()
         woken = runs.update(status="running", wake_at=WOKEN, updated_at=DbNow())
@@ -142,14 +151,14 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
 
     def _signalled(self, alias: str, *, of_suspended_runs: bool = True) -> models.QuerySet[WorkflowStep]:
         """Suspended signal waits whose signal is stored and unconsumed (of suspended runs)."""
-        from pikku_django.models import WorkflowStep
 
         stored = self.using(alias).filter(
             run_id=OuterRef("run_id"), name=OuterRef("wanted"), consumed_by__isnull=True
         )
-        waits = WorkflowStep.objects.using(alias).filter(status="suspended", rpc_name=SIGNAL_RPC)
+        waits = pikku_models.WorkflowStep.objects.using(alias).filter(status="suspended", rpc_name=SIGNAL_RPC)
         if of_suspended_runs:
-            waits = waits.filter(run__status="suspended")
+            # A parked run (its error stored) is never woken: retry_workflow revives it.
+            waits = waits.filter(run__status="suspended", run__error__isnull=True)
         return waits.annotate(wanted=KeyTextTransform("signal", "data")).filter(Exists(stored))
 
     def consumed_by_step(self, step: WorkflowStep) -> WorkflowSignal | None:

@@ -6,34 +6,25 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router
 from django.db.models import F, Q, Value
 
+from pikku_django import models as pikku_models
 from pikku_django import validate
 from pikku_django.clock import DbNow, DbNowMs
 from pikku_django.conf import conf
 from pikku_django.errors import (
     InvalidArgumentError,
-    StepFunctionMismatchError,
     StepLeaseExpiredError,
     StepSupersededError,
 )
 from pikku_django.managers.attempts import StepAttemptsMixin
-from pikku_django.managers.base import (
-    SPENT,
-    ensure_autocommit,
-    hot_cursor,
-    model_from_row,
-    now_params,
-    read_models,
-    serialize_error,
-)
-from pikku_django.managers.conflicts import retried
-from pikku_django.managers.drivers import driver
+from pikku_django.managers.base import SPENT, ensure_autocommit, serialize_error
+from pikku_django.managers.claims import StepClaimsMixin
+from pikku_django.sql.conflicts import in_transaction
+from pikku_django.sql.cursors import read_models
 
 if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
-
     from pikku_django.models import WorkflowRun, WorkflowStep
 
 logger = logging.getLogger(__name__)
@@ -57,7 +48,7 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
         return self.filter(SPENT)
 
 
-class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
+class WorkflowStepManager(StepClaimsMixin, StepAttemptsMixin, models.Manager["WorkflowStep"]):
     """The store of workflow steps: every transition is fenced to its attempt."""
 
     def get_queryset(self) -> WorkflowStepQuerySet:
@@ -88,7 +79,6 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         ``worker_losses`` gives it a worker-loss budget apart from its
         ``retries`` (as a Django task's step has; see ``WorkflowStep.is_exhausted``).
         """
-        from pikku_django.models import WorkflowStepAttempt
 
         step = self.model(
             run=run,
@@ -104,12 +94,15 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             updated_at=DbNow(),
         )
         alias = self._write_db()
+
+        def write() -> None:
+            step.save(force_insert=True, using=alias)
+            pikku_models.WorkflowStepAttempt.objects.using(alias).create(
+                step=step, attempt=1, status="pending", created_at=DbNow()
+            )
+
         try:
-            with transaction.atomic(using=alias):
-                step.save(force_insert=True, using=alias)
-                WorkflowStepAttempt.objects.using(alias).create(
-                    step=step, attempt=1, status="pending", created_at=DbNow()
-                )
+            in_transaction(alias, write)
         except IntegrityError as e:
             if self.using(alias).filter(run=run, step_name=step_name).exists():
                 raise InvalidArgumentError(
@@ -150,118 +143,11 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             updated_at=DbNow(),
         ).save(force_insert=True, using=self._write_db())
 
-    def claim(
-        self,
-        run_id: Any,
-        step_name: str,
-        rpc_name: str,
-        lease_ms: int,
-        *,
-        holder: str | None = None,
-        within: bool = False,
-    ) -> WorkflowStep | None:
-        """
-        Take the step to run it under a fresh lease of ``lease_ms``; None when
-        it is not this caller's to run (done, held, parked, spent). A step
-        whose worker vanished on its last attempt is failed here, and its run
-        woken. A different ``rpc_name`` raises ``StepFunctionMismatchError``.
-        ``holder`` (the worker's name) is written on the attempt's history row
-        by the claim itself. ``within=True``: statements of the caller's
-        transaction (a worker's take), and a refused claim is not settled
-        here (see ``claim_attempt``).
-        """
-        alias = self._write_db()
-        connection = connections[alias]
-        if not within:
-            ensure_autocommit(connection)
-        params = self._claim_params(connection, run_id, step_name, rpc_name, lease_ms, holder)
-
-        def write() -> WorkflowStep | None:
-            with hot_cursor(connection) as cursor:
-                return driver(connection).claim_step(
-                    connection,
-                    cursor,
-                    params,
-                    lambda description, row: model_from_row(self.model, alias, description, row),
-                    within=within,
-                )
-
-        step = retried(connection, write, within=within)
-        if step is None and not within:
-            self._settle_unclaimed(run_id, step_name, rpc_name)
-        return step
-
-    def claim_many(
-        self, claims: Sequence[tuple[Any, str, str, int]], *, holder: str
-    ) -> list[WorkflowStep | None]:
-        """
-        ``claim(run_id, step_name, rpc_name, lease_ms, holder=holder,
-        within=True)`` of each of ``claims``, in the caller's transaction
-        and in the fewest round trips its vendor allows (one on
-        MySQL/MariaDB): a worker's take of several runs. Each claim keeps
-        its own guards; a refused one is None, and not settled here.
-        """
-        alias = self._write_db()
-        connection = connections[alias]
-        params = [self._claim_params(connection, *claim, holder) for claim in claims]
-        if not params:
-            return []
-
-        def from_row(description: Any, row: tuple[Any, ...]) -> WorkflowStep:
-            return model_from_row(self.model, alias, description, row)
-
-        with hot_cursor(connection) as cursor:
-            return driver(connection).claim_steps(connection, cursor, params, from_row)
-
-    def _claim_params(
-        self,
-        connection: BaseDatabaseWrapper,
-        run_id: Any,
-        step_name: str,
-        rpc_name: str,
-        lease_ms: int,
-        holder: str | None,
-    ) -> dict[str, Any]:
-        """A claim's parameters, checked (``claim``)."""
-        return {
-            "step_name": validate.name("step_name", step_name),
-            "rpc_name": validate.name("rpc_name", rpc_name),
-            "lease_ms": validate.positive_ms("lease_ms", lease_ms),
-            "holder": "" if holder is None else validate.name("holder", holder),
-            "run_id": self.model._meta.get_field("run").get_db_prep_value(run_id, connection),
-            **now_params(connection),
-        }
-
     def of_run(self, run_id: Any) -> list[WorkflowStep]:
         """Every step of the run ``run_id``, in one prepared read (a pass's replay reads them so)."""
         alias = self.db
         run_id = self.model._meta.get_field("run").get_db_prep_value(run_id, connections[alias])
         return read_models(self.model, alias, "steps_of_run", {"run_id": run_id})
-
-    def _settle_unclaimed(self, run_id: Any, step_name: str, rpc_name: str) -> None:  # noqa: C901
-        """
-        Why did the claim match nothing? A mismatched function raises; a step
-        whose worker vanished on its last attempt is failed (fencing that
-        worker out) and its run woken; anything else is simply not ours.
-        """
-        alias = self._write_db()
-        step = (
-            self.using(alias).filter(run_id=run_id, step_name=step_name).annotate(db_now_ms=DbNowMs()).first()
-        )
-        if step is None:
-            raise InvalidArgumentError(
-                f"step_name {step_name!r} is not a step of run {run_id}; insert_step() it first."
-            )
-        if step.rpc_name != rpc_name:
-            raise StepFunctionMismatchError(run_id, step_name, step.rpc_name, rpc_name)
-        lapsed = (
-            step.status == "running"
-            and step.lease_expires_at is not None
-            and step.lease_expires_at <= step.db_now_ms
-        )
-        if lapsed and step.is_exhausted:
-            self.fail_lost(step)
-        return None
 
     def fail_lost(self, step: WorkflowStep) -> bool:
         """
@@ -271,11 +157,11 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
         step. Moving it out of ``running`` fences that attempt out, so a last
         worker that was only slow can neither renew nor record over the failure.
         """
-        from pikku_django.models import WorkflowRun
 
         alias = self._write_db()
         error = serialize_error(StepLeaseExpiredError(step.run_id, step.step_name, step.attempt))
-        with transaction.atomic(using=alias):
+
+        def write() -> bool:
             failed = (
                 self.using(alias)
                 .filter(
@@ -298,8 +184,14 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             )
             if not failed:
                 return False
-            _write_attempt(alias, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
-            WorkflowRun.objects.db_manager(alias).get_queryset().filter(pk=step.run_id).wake_now()
+            write_attempt(alias, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
+            pikku_models.WorkflowRun.objects.db_manager(alias).get_queryset().filter(
+                pk=step.run_id
+            ).wake_now()
+            return True
+
+        if not in_transaction(alias, write):
+            return False
         logger.warning("%s", error["message"])
         return True
 
@@ -362,7 +254,8 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             validate.whole("attempt", attempt, minimum=1, maximum=validate.MAX_INTEGER)
         alias = self._write_db()
         stamp = {"succeeded_at" if status == "succeeded" else "failed_at": DbNow()}
-        with transaction.atomic(using=alias):
+
+        def write() -> None:
             steps = self.using(alias).filter(pk=step_id, status="running")
             if attempt is not None:
                 steps = steps.filter(attempt=attempt)
@@ -372,15 +265,17 @@ class WorkflowStepManager(StepAttemptsMixin, models.Manager["WorkflowStep"]):
             if written != 1:
                 # Nothing was written; raising leaves the transaction empty.
                 raise StepSupersededError(step_id, attempt)
-            if attempt is None:
-                attempt = self.using(alias).values_list("attempt", flat=True).get(pk=step_id)
-            _write_attempt(alias, step_id, attempt, status, result=result, error=error, **stamp)
+            number = attempt
+            if number is None:
+                number = self.using(alias).values_list("attempt", flat=True).get(pk=step_id)
+            write_attempt(alias, step_id, number, status, result=result, error=error, **stamp)
+
+        in_transaction(alias, write)
 
 
-def _write_attempt(alias: str, step_id: Any, attempt: int, status: str, **fields: Any) -> None:
+def write_attempt(alias: str, step_id: Any, attempt: int, status: str, **fields: Any) -> None:
     """Move an attempt's history row to ``status``, creating it if it is missing."""
-    from pikku_django.models import WorkflowStepAttempt
 
-    rows = WorkflowStepAttempt.objects.using(alias)
+    rows = pikku_models.WorkflowStepAttempt.objects.using(alias)
     if not rows.filter(step_id=step_id, attempt=attempt).update(status=status, **fields):
         rows.create(step_id=step_id, attempt=attempt, status=status, created_at=DbNow(), **fields)

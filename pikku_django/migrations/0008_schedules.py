@@ -3,7 +3,7 @@
 import django.db.models.deletion
 import django.utils.timezone
 import pikku_django.models
-import pikku_django.schedule_models
+import pikku_django.models.schedules
 from django.db import migrations, models
 
 
@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
                 ('overlap', models.CharField(choices=[('allow', 'Allow'), ('skip', 'Skip')], default='allow', max_length=8)),
                 ('paused', models.BooleanField(default=False)),
                 ('enabled', models.BooleanField(default=True)),
-                ('start_after', models.BigIntegerField(default=pikku_django.schedule_models._process_now_ms, help_text='Epoch ms on the database clock when the schedule was first synced: until it records a tick, its first tick is the first after this.')),
+                ('start_after', models.BigIntegerField(default=pikku_django.models.schedules._process_now_ms, help_text='Epoch ms on the database clock when the schedule was first synced: until it records a tick, its first tick is the first after this.')),
                 ('resumed_at', models.BigIntegerField(blank=True, help_text='Epoch ms on the database clock of its last resume, return to the setting, or change of cron or time zone: no tick at or before it runs.', null=True)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),

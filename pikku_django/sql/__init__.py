@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from django.apps import apps
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -100,10 +101,19 @@ def statement(name: str, connection: BaseDatabaseWrapper) -> str:
 _NOW_DT = {"postgresql": "clock_timestamp()", "sqlite": "%(now_dt)s", "mysql": "UTC_TIMESTAMP(6)"}
 
 
+#: The tables a template names, by placeholder.
+_TABLES = {
+    "lease": "Lease",
+    "floor": "LeaseTokenFloor",
+    "run": "WorkflowRun",
+    "step": "WorkflowStep",
+    "attempt": "WorkflowStepAttempt",
+    "queue": "WorkflowQueue",
+}
+
+
 @functools.cache
 def _render(name: str, which: str) -> str | tuple[str, ...]:
-    from pikku_django.models import Lease, LeaseTokenFloor, WorkflowRun, WorkflowStep, WorkflowStepAttempt
-
     variants = STATEMENTS[name]
     template = variants.get(which) or variants["mysql"]
     vendor = "mysql" if which == "mariadb" else which
@@ -111,13 +121,15 @@ def _render(name: str, which: str) -> str | tuple[str, ...]:
     fill = {
         "now": _NOW[vendor],
         "now_dt": _NOW_DT[vendor],
-        "lease": quote.format(Lease._meta.db_table),
-        "floor": quote.format(LeaseTokenFloor._meta.db_table),
-        "run": quote.format(WorkflowRun._meta.db_table),
-        "step": quote.format(WorkflowStep._meta.db_table),
-        "attempt": quote.format(WorkflowStepAttempt._meta.db_table),
+        # The registry, not an import: the models import this package.
+        **{
+            name: quote.format(apps.get_model("pikku_django", model)._meta.db_table)
+            for name, model in _TABLES.items()
+        },
     }
-    columns = [quote.format(f.column) for f in WorkflowStep._meta.concrete_fields]
+    columns = [
+        quote.format(f.column) for f in apps.get_model("pikku_django", "WorkflowStep")._meta.concrete_fields
+    ]
     fill["step_columns"] = ", ".join(columns)
     fill["step_columns_s"] = ", ".join(f"s.{column}" for column in columns)
     if isinstance(template, tuple):

@@ -36,9 +36,10 @@ POSTGRESQL_STEP_START = (
 WITH clock AS (SELECT {now} AS now_ms, clock_timestamp() AS now_dt),
 inserted AS (
     INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
-        "retry_delay", "attempt", "lease_expires_at", "created_at", "updated_at")
+        "retry_delay", "worker_losses", "attempt", "lease_expires_at", "created_at", "updated_at")
     SELECT %(step_id)s::uuid, %(run_id)s::uuid, %(step_name)s::varchar, %(rpc_name)s::varchar,
-        %(data)s::jsonb, 'running', %(retries)s::integer, %(retry_delay)s::integer, 1,
+        %(data)s::jsonb, 'running', %(retries)s::integer, %(retry_delay)s::integer,
+        %(worker_losses)s::integer, 1,
         clock.now_ms + %(lease_ms)s::bigint, clock.now_dt, clock.now_dt
     FROM clock
     WHERE"""
@@ -63,9 +64,9 @@ SELECT "id" FROM inserted
 SQLITE_STEP_START = (
     """
 INSERT INTO {step} ("id", "run_id", "step_name", "rpc_name", "data", "status", "retries",
-    "retry_delay", "attempt", "lease_expires_at", "created_at", "updated_at")
+    "retry_delay", "worker_losses", "attempt", "lease_expires_at", "created_at", "updated_at")
 SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
-    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+    %(retry_delay)s, %(worker_losses)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
 WHERE"""
     + _RUN_ACTIVE.replace("{q}", '"')
     .replace("{uuid}", "")
@@ -83,9 +84,9 @@ RETURNING "id"
 #: (``MYSQL_STEP_START_HISTORY`` copies the step row just inserted).
 MYSQL_STEP_START = """
 INSERT INTO {step} (`id`, `run_id`, `step_name`, `rpc_name`, `data`, `status`, `retries`,
-    `retry_delay`, `attempt`, `lease_expires_at`, `created_at`, `updated_at`)
+    `retry_delay`, `worker_losses`, `attempt`, `lease_expires_at`, `created_at`, `updated_at`)
 SELECT %(step_id)s, %(run_id)s, %(step_name)s, %(rpc_name)s, %(data)s, 'running', %(retries)s,
-    %(retry_delay)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
+    %(retry_delay)s, %(worker_losses)s, 1, {now} + %(lease_ms)s, {now_dt}, {now_dt}
 FROM DUAL WHERE""" + (
     _RUN_ACTIVE.replace("{q}", "`")
     .replace("{uuid}", "")
@@ -154,6 +155,22 @@ WHERE `run_id` = %(run_id)s AND `step_name` = %(step_name)s AND `status` = 'runn
 #: first (0 is no attempt), and the history statement writes only on a match.
 MYSQL_MARK = "DO LAST_INSERT_ID(0)"
 
+
+#: A failure that allows no other attempt (``final``: a ``NonRetryableError``,
+#: an error outside ``retry_on``, a backoff that answered None) spends the
+#: step's budget: ``retries`` becomes what makes this attempt its last (see
+#: ``WorkflowStep.is_exhausted``), computed from the row itself (only
+#: additions are compared first: the columns are unsigned on MySQL). Any
+#: other outcome keeps ``retries``; ``next_delay`` (a backoff's delay before
+#: the next attempt) replaces ``retry_delay`` when given.
+def _spent(q: str, cast: str) -> str:
+    losses = f"CASE WHEN {q}worker_losses{q} IS NULL THEN 0 ELSE {q}losses{q} END"
+    return (
+        f"CASE WHEN %(final)s{cast} AND {q}attempt{q} >= {q}budget_base{q} + 1 + {losses}\n"
+        f"        THEN {q}attempt{q} - {q}budget_base{q} - 1 - {losses} ELSE {q}retries{q} END"
+    )
+
+
 #: An attempt's outcome, fenced to it: only while the step is still running
 #: as this attempt does the UPDATE match, and only then is the history row
 #: written (from the UPDATE's own RETURNING). A superseded attempt returns no
@@ -161,7 +178,9 @@ MYSQL_MARK = "DO LAST_INSERT_ID(0)"
 POSTGRESQL_STEP_FINISH = """
 WITH finished AS (
     UPDATE {step} SET "status" = %(status)s::varchar, "result" = %(result)s::jsonb,
-        "error" = %(error)s::jsonb, "lease_expires_at" = NULL, "updated_at" = clock_timestamp()
+        "error" = %(error)s::jsonb, "lease_expires_at" = NULL, "updated_at" = clock_timestamp(),
+        "retry_delay" = COALESCE(%(next_delay)s::integer, "retry_delay"),
+        "retries" = {spent}
     WHERE "id" = %(step_id)s::uuid AND "status" = 'running' AND "attempt" = %(attempt)s::integer
     RETURNING "id", "attempt", "status", "result", "error", "updated_at"
 ),
@@ -184,15 +203,21 @@ SELECT "id" FROM finished
 #: the history row (``step_finish_history``), in one transaction.
 SQLITE_STEP_FINISH = """
 UPDATE {step} SET "status" = %(status)s, "result" = %(result)s, "error" = %(error)s,
-    "lease_expires_at" = NULL, "updated_at" = {now_dt}
+    "lease_expires_at" = NULL, "updated_at" = {now_dt},
+    "retry_delay" = COALESCE(%(next_delay)s, "retry_delay"), "retries" = {spent}
 WHERE "id" = %(step_id)s AND "status" = 'running' AND "attempt" = %(attempt)s
 """
 
 MYSQL_STEP_FINISH = """
-UPDATE {step} SET `status` = %(status)s, `result` = %(result)s, `error` = %(error)s,
+UPDATE {step} SET `retry_delay` = COALESCE(%(next_delay)s, `retry_delay`), `retries` = {spent},
+    `status` = %(status)s, `result` = %(result)s, `error` = %(error)s,
     `lease_expires_at` = NULL, `updated_at` = {now_dt}, `attempt` = LAST_INSERT_ID(`attempt`)
 WHERE `id` = %(step_id)s AND `status` = 'running' AND `attempt` = %(attempt)s
 """
+
+POSTGRESQL_STEP_FINISH = POSTGRESQL_STEP_FINISH.replace("{spent}", _spent('"', "::boolean"))
+SQLITE_STEP_FINISH = SQLITE_STEP_FINISH.replace("{spent}", _spent('"', ""))
+MYSQL_STEP_FINISH = MYSQL_STEP_FINISH.replace("{spent}", _spent("`", ""))
 
 SQLITE_STEP_FINISH_HISTORY = """
 INSERT INTO {attempt} ("step_id", "attempt", "status", "result", "error", "created_at",
@@ -224,7 +249,7 @@ ON DUPLICATE KEY UPDATE `status` = VALUES(`status`), `result` = VALUES(`result`)
 #: superseded attempt's outcome matches nothing, and then nothing is started
 #: either. A start refused for the run's state or lease leaves the outcome
 #: written on its own, as a pass that committed it first would.
-_DONE = ("step_id", "attempt", "status", "result", "error")
+_DONE = ("step_id", "attempt", "status", "result", "error", "next_delay", "final")
 
 
 def done(text: str) -> str:

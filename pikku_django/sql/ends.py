@@ -16,10 +16,12 @@ sends its statements one by one anyway, and keeps them apart.
 from __future__ import annotations
 
 from pikku_django.sql.attempts import MYSQL_STEP_FINISH_HISTORY, POSTGRESQL_STEP_FINISH, done
+from pikku_django.sql.notify import RESULTS_CHANNEL
 from pikku_django.sql.runs import RETURNING_END, RUN_OUTCOMES, TYPED, UNTYPED, run_finish
 
 #: The step's outcome (``finished``, its history row beside it), the run's
-#: (``ended``, only if ``finished`` matched) and the release (``released``):
+#: (``ended``, only if ``finished`` matched; its readers notified, ``notified``)
+#: and the release (``released``):
 #: one row, which says what each matched, and the end the run's outcome stored.
 _POSTGRESQL_STEP_PART = done(POSTGRESQL_STEP_FINISH).replace(')\nSELECT "id" FROM finished\n', "),\n")
 assert done(POSTGRESQL_STEP_FINISH) != _POSTGRESQL_STEP_PART
@@ -32,15 +34,20 @@ released AS (
     WHERE "key" = %(key)s AND "holder" = %(holder)s AND "token" = %(token)s
         AND "expires_at" > clock.now_ms
     RETURNING 1
+),
+notified AS (
+    SELECT pg_notify('{channel}', %(run_id)s::uuid::text) FROM ended
 )
 SELECT (SELECT count(*) FROM finished) AS "finished", (SELECT count(*) FROM released) AS "released",
     (SELECT "updated_at" FROM ended) AS "updated_at"
+FROM (SELECT count(*) FROM notified) AS notice
 """
 
 
 def _postgresql(columns: tuple[str, ...]) -> str:
     run = run_finish(columns, **TYPED, tail="    AND EXISTS (SELECT 1 FROM finished)\n    " + RETURNING_END)
-    return _POSTGRESQL_STEP_PART + _POSTGRESQL_REST.replace("{run}", run.strip("\n") + "\n")
+    rest = _POSTGRESQL_REST.replace("{run}", run.strip("\n") + "\n").replace("{channel}", RESULTS_CHANNEL)
+    return _POSTGRESQL_STEP_PART + rest
 
 
 #: MySQL/MariaDB, in one round trip (``MYSQL_MARK``, the step's outcome as

@@ -9,6 +9,8 @@ UPDATE alone. And the run's outcome, fenced to the run lease.
 
 from __future__ import annotations
 
+from pikku_django.sql.notify import RESULTS_CHANNEL
+
 #: The guarded take in one statement: the run is picked only while it is
 #: active and its ``wake_at`` is the value the lane read, and only if no other
 #: transaction holds its row (``SKIP LOCKED``); then its ``wake_at`` moves to
@@ -21,13 +23,19 @@ WITH picked AS (
     SELECT "id" FROM {run}
     WHERE "id" = %(run_id)s::uuid AND "status" IN ('running', 'suspended')
         AND "wake_at" IS NOT DISTINCT FROM %(wake_at)s::bigint
-    FOR UPDATE SKIP LOCKED
+        AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q."name" = {run}."queue" AND q."paused")
+    FOR UPDATE OF {run} SKIP LOCKED
 )
 UPDATE {run} AS r SET "wake_at" = {now} + %(ttl_ms)s::bigint, "status" = 'running'
 FROM picked WHERE r."id" = picked."id"
 RETURNING r.*
 """
 
+#: Every take is guarded on its run's queue not being paused
+#: (``WorkflowQueue.paused``), in the take's own statement: no pass of a
+#: paused queue starts once the pause has committed, and a worker pays no
+#: statement of its own for it.
+#:
 #: MySQL/MariaDB cannot skip a locked row in an UPDATE, and have no
 #: RETURNING: the take locks the run under the same guard (``<=>`` is the
 #: null-safe equality) into a session variable, skipping a row another lane
@@ -38,6 +46,7 @@ MYSQL_RUN_TAKE_RESET = "SET @pikku_take = NULL"
 MYSQL_RUN_TAKE_LOCK = """
 SELECT `id` INTO @pikku_take FROM {run}
 WHERE `id` = %(run_id)s AND `status` IN ('running', 'suspended') AND `wake_at` <=> %(wake_at)s
+    AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q.`name` = {run}.`queue` AND q.`paused`)
 FOR UPDATE SKIP LOCKED
 """
 MYSQL_RUN_TAKE_MOVE = """
@@ -50,6 +59,7 @@ WHERE `id` = @pikku_take AND `status` IN ('running', 'suspended') AND `wake_at` 
 SQLITE_RUN_TAKE = """
 UPDATE {run} SET "wake_at" = {now} + %(ttl_ms)s, "status" = 'running'
 WHERE "id" = %(run_id)s AND "status" IN ('running', 'suspended') AND "wake_at" IS %(wake_at)s
+    AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q."name" = {run}."queue" AND q."paused")
 RETURNING *
 """
 
@@ -106,6 +116,18 @@ def run_finish(columns: tuple[str, ...], **marks: str) -> str:
     return text
 
 
+#: PostgreSQL: the run's readers hear its end from the committing
+#: transaction (``sql.notify.RESULTS_CHANNEL``), told in the same statement:
+#: no round trip more for a run's end.
+NOTIFY_RESULTS = f"(SELECT pg_notify('{RESULTS_CHANNEL}', %(run_id)s::uuid::text)) AS notice"
+
+
+def postgresql_run_end(columns: tuple[str, ...]) -> str:
+    """A top-level run's outcome on PostgreSQL, its end returned and its readers notified."""
+    update = run_finish(columns, **TYPED, tail=RETURNING_END).strip("\n")
+    return f'WITH ended AS ({update})\nSELECT ended."updated_at" FROM ended, LATERAL {NOTIFY_RESULTS}\n'
+
+
 #: The outcome statements by the columns they set, sorted: a completion's
 #: error and output, a failure's error.
 RUN_OUTCOMES = {("error", "output"): "run_complete", ("error",): "run_fail"}
@@ -125,7 +147,7 @@ RUN_STATEMENTS: dict[str, dict[str, str | tuple[str, ...]]] = {
     },
     **{
         name: {
-            "postgresql": run_finish(columns, **TYPED, tail=RETURNING_END),
+            "postgresql": postgresql_run_end(columns),
             "sqlite": run_finish(columns, q='"', **UNTYPED, tail=RETURNING_END),
             "mysql": run_finish(columns, q="`", **UNTYPED, tail=""),
         }

@@ -14,7 +14,10 @@ from __future__ import annotations
 #: raised count against ``retries`` (no subtraction: the columns are unsigned
 #: on MySQL), and a step failed by one loss too many (``losses`` over the
 #: budget) is never claimed again. ``rpc_name`` is part of the guard, so a claim
-#: with another function changes nothing (the manager then says why).
+#: with another function changes nothing (the manager then says why). A
+#: running step under a lapsed lease whose attempt a take claimed
+#: (``provisional``) is always claimed (given back, see ``_STEP_CLAIM_SET``),
+#: but never by a take (``by_take``): the pass that runs it claims it.
 _STEP_CLAIM_GUARD = """
     s.{q}run_id{q} = %(run_id)s AND s.{q}step_name{q} = %(step_name)s AND s.{q}rpc_name{q} = %(rpc_name)s
     AND (
@@ -23,20 +26,33 @@ _STEP_CLAIM_GUARD = """
             + CASE WHEN s.{q}worker_losses{q} IS NULL THEN 0 ELSE s.{q}losses{q} END
             AND (s.{q}worker_losses{q} IS NULL OR s.{q}losses{q} <= s.{q}worker_losses{q}))
         OR (s.{q}status{q} = 'running' AND s.{q}lease_expires_at{q} <= {now_ms} AND (
-            (s.{q}worker_losses{q} IS NULL AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1)
+            s.{q}provisional{q} = TRUE
+            OR (s.{q}worker_losses{q} IS NULL AND s.{q}attempt{q} < s.{q}budget_base{q} + s.{q}retries{q} + 1)
             OR s.{q}losses{q} < s.{q}worker_losses{q}))
     )
+    AND (%(by_take)s = FALSE OR s.{q}status{q} <> 'running' OR s.{q}provisional{q} = FALSE)
 """
 
 #: The attempt number is advanced by the same guarded UPDATE that grants the
 #: lease, so the worker it is taken from is fenced out at once: every write of
 #: an attempt is guarded by ``attempt = its number AND status = 'running'``.
-#: ``attempt`` and ``losses`` (a lost worker counted) are assigned first: MySQL
-#: evaluates SET left to right, and they must read the old status.
+#: A lost attempt whose worker surely started it counts a lost worker
+#: (``losses``); one claimed ``provisional`` (by a take that took runs ahead:
+#: the worker may have held it waiting, or its success unwritten, without
+#: running it) is given back: ``budget_base`` rises with the attempt and no
+#: loss is counted; the pass that runs it next claims it itself, so one
+#: task that kills its worker spends its budget from its next loss on.
+#: ``attempt``, ``losses``, ``budget_base`` and ``provisional`` are assigned
+#: first: MySQL evaluates SET left to right, and they must read the old
+#: status and ``provisional``.
 _STEP_CLAIM_SET = """
     {q}attempt{q} = CASE WHEN s.{q}status{q} IN ('pending', 'scheduled')
         THEN s.{q}attempt{q} ELSE s.{q}attempt{q} + 1 END,
-    {q}losses{q} = CASE WHEN s.{q}status{q} = 'running' THEN s.{q}losses{q} + 1 ELSE s.{q}losses{q} END,
+    {q}losses{q} = CASE WHEN s.{q}status{q} = 'running' AND s.{q}provisional{q} = FALSE
+        THEN s.{q}losses{q} + 1 ELSE s.{q}losses{q} END,
+    {q}budget_base{q} = CASE WHEN s.{q}status{q} = 'running' AND s.{q}provisional{q} = TRUE
+        THEN s.{q}budget_base{q} + 1 ELSE s.{q}budget_base{q} END,
+    {q}provisional{q} = %(provisional)s,
     {q}status{q} = 'running',
     {q}lease_expires_at{q} = {now_ms} + %(lease_ms)s,
     {q}result{q} = NULL,

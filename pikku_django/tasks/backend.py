@@ -9,11 +9,13 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, router
+from django.utils.module_loading import autodiscover_modules
 
 from pikku_django import validate
 from pikku_django.clock import DbNowMs
 from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskArgumentsError
 from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.policy import StepPolicy, dump_policy, step_policy
 from pikku_django.tasks.compat import (
     BaseTaskBackend,
     Task,
@@ -22,6 +24,7 @@ from pikku_django.tasks.compat import (
     normalize_json,
     task_enqueued,
 )
+from pikku_django.tasks.options import check_task_options, make_task
 from pikku_django.tasks.results import (
     TASK_STEP,
     TASK_WORKFLOW,
@@ -31,9 +34,25 @@ from pikku_django.tasks.results import (
     read_result,
     resolve_task,
 )
+from pikku_django.workflows import tracing
+from pikku_django.workflows.results import DEFAULT_RESULT_TIMEOUT_MS, wait_for_result
 
-#: The OPTIONS this backend reads, with their defaults.
-OPTION_DEFAULTS: dict[str, Any] = {"retries": 0, "lease_ms": None, "worker_losses": 2}
+#: The OPTIONS this backend reads, with their defaults: ``retries``,
+#: ``worker_losses`` and ``lease_ms``, and the defaults of a task's policy
+#: options (``max_attempts``, ``backoff``, ``retry_on``, ``timeout_ms``), which
+#: a task's own options override one by one.
+OPTION_DEFAULTS: dict[str, Any] = {
+    "retries": 0,
+    "lease_ms": None,
+    "worker_losses": 2,
+    "max_attempts": None,
+    "backoff": None,
+    "retry_on": None,
+    "timeout_ms": None,
+}
+
+#: The OPTIONS that are defaults of a task's policy.
+POLICY_DEFAULTS = ("max_attempts", "backoff", "retry_on", "timeout_ms")
 
 #: The check ids of ``PikkuTaskBackend.check()``.
 NOT_INSTALLED_CHECK_ID = "pikku_django.E020"
@@ -50,6 +69,8 @@ def _read_options(options: Any) -> tuple[int, int, int | None]:
     options = {**OPTION_DEFAULTS, **options}
     retries = validate.retries("retries", options["retries"])
     worker_losses = validate.retries("worker_losses", options["worker_losses"])
+    # Their values are checked here, as a task's own are when given.
+    step_policy(**{name: options[name] for name in POLICY_DEFAULTS})
     lease_ms = None if options["lease_ms"] is None else validate.positive_ms("lease_ms", options["lease_ms"])
     return retries, worker_losses, lease_ms
 
@@ -72,6 +93,8 @@ class PikkuTaskBackend(BaseTaskBackend):
     supports_get_result = True
     # A coroutine task runs in its lane (Task.call drives it), its lease renewed while it awaits.
     supports_async_task = True
+    # What task(...) builds: a Task with this backend's options (``tasks.options``).
+    task_class = staticmethod(make_task)  # type: ignore[assignment]
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -101,10 +124,15 @@ class PikkuTaskBackend(BaseTaskBackend):
                 Error(
                     self.options_error,
                     hint=f"PikkuTaskBackend reads OPTIONS {sorted(OPTION_DEFAULTS)}: retries, "
-                    "an int >= 0, and lease_ms, None or an int of milliseconds > 0.",
+                    "an int >= 0, lease_ms, None or an int of milliseconds > 0, and the "
+                    "defaults of a task's policy options (see docs/policies.md).",
                     id=OPTIONS_CHECK_ID,
                 )
             )
+        # Every installed app's tasks module, imported as the admin imports
+        # admin.py, so that each task's options are known here.
+        autodiscover_modules("tasks")
+        messages.extend(check_task_options())
         return messages
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
@@ -130,31 +158,27 @@ class PikkuTaskBackend(BaseTaskBackend):
             "args", {"args": stored_args, "kwargs": stored_kwargs}, not_json=TaskArgumentsError
         )
         run_after_ms = None if task.run_after is None else epoch_ms(task.run_after)
+        stored, retries, worker_losses = self._stored(task, stored_args, stored_kwargs, run_after_ms)
         alias = router.db_for_write(WorkflowRun)
-        run = WorkflowRun.objects.db_manager(alias).create_run(
-            TASK_WORKFLOW,
-            {
-                "task": task.module_path,
-                "backend": self.alias,
-                "args": stored_args,
-                "kwargs": stored_kwargs,
-                "retries": self.retries,
-                "lease_ms": self.lease_ms,
-                "run_after_ms": run_after_ms,
-            },
-            queue=task.queue_name,
-            priority=task.priority,
-            wake_at=run_after_ms,
-            internal=True,
-        )
+        with tracing.enqueue(task.module_path, task.queue_name) as traced:
+            run = WorkflowRun.objects.db_manager(alias).create_run(
+                TASK_WORKFLOW,
+                stored,
+                queue=task.queue_name,
+                priority=task.priority,
+                wake_at=run_after_ms,
+                internal=True,
+                trace_context=traced.context,
+            )
+            traced.started(run)
         # Stored now, so that a worker only claims it.
         try:
             WorkflowStep.objects.db_manager(alias).insert_pending(
                 run,
                 TASK_STEP,
                 task.module_path,
-                retries=self.retries,
-                worker_losses=self.worker_losses,
+                retries=retries,
+                worker_losses=worker_losses,
                 deferred=run_after_ms is not None,
             )
         except IntegrityError:
@@ -166,6 +190,42 @@ class PikkuTaskBackend(BaseTaskBackend):
         result = build_result(task, self.alias, run, None, [], now_ms=0)
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _stored(
+        self, task: Task[Any, Any], args: Any, kwargs: Any, run_after_ms: int | None
+    ) -> tuple[dict[str, Any], int, int]:
+        """The input of the task's run, and its step's ``retries`` and ``worker_losses``."""
+        retries, worker_losses, policy = self._policy(task)
+        stored = {
+            "task": task.module_path,
+            "backend": self.alias,
+            "args": args,
+            "kwargs": kwargs,
+            "retries": retries,
+            "lease_ms": self.lease_ms,
+            "run_after_ms": run_after_ms,
+        }
+        if policy is not None:
+            # Read by the worker that runs it (``runner.run_task``); none stored: judged as before.
+            stored.update(worker_losses=worker_losses, policy=dump_policy(policy))
+        return stored, retries, worker_losses
+
+    def _policy(self, task: Task[Any, Any]) -> tuple[int, int, StepPolicy | None]:
+        """
+        (retries, worker_losses, policy) of ``task``: its own options over
+        the backend's OPTIONS, one by one (the policy None without any).
+        """
+        given = {name: self.options.get(name) for name in POLICY_DEFAULTS}
+        own = dict(getattr(task, "options", ()))
+        given.update({name: own[name] for name in (*POLICY_DEFAULTS, "worker_losses") if name in own})
+        policy = step_policy(**given)
+        if policy is None:
+            return self.retries, self.worker_losses, None
+        if policy.worker_losses is None:
+            policy.worker_losses = self.worker_losses
+        retries, worker_losses = policy.budget(self.retries)
+        assert retries is not None and worker_losses is not None
+        return retries, worker_losses, policy
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         """The task's result as stored now; ``TaskResultDoesNotExist`` for an unknown id."""
@@ -182,3 +242,13 @@ class PikkuTaskBackend(BaseTaskBackend):
         if stored.get("run_after_ms") is not None:
             task = task.using(run_after=from_epoch_ms(stored["run_after_ms"]))
         return read_result(task, str(stored.get("backend", self.alias)), run, run.db_now_ms)
+
+    def wait(self, result_id: str, timeout_ms: int = DEFAULT_RESULT_TIMEOUT_MS) -> TaskResult[Any, Any]:
+        """
+        The task's result once it has finished (succeeded or failed for
+        good), waited for on the database clock as ``wait_for_result`` does;
+        ``ResultTimeoutError`` naming ``result_id`` once ``timeout_ms`` has passed.
+        """
+        self.get_result(result_id)
+        wait_for_result(result_id, timeout_ms)
+        return self.get_result(result_id)

@@ -16,9 +16,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from pikku_django import sql, validate
 from pikku_django.errors import StepLeaseExpiredError, TaskPathError, WorkerLostError
-from pikku_django.managers.base import hot_cursor, model_from_row
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
-from pikku_django.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+from pikku_django.sql.cursors import hot_cursor, model_from_row
+from pikku_django.tasks.compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 
 #: The workflow every task is stored as, and the name of its one step.
 TASK_WORKFLOW = "pikku_django.task"
@@ -46,12 +46,16 @@ def resolve_task(path: object) -> Task[..., Any]:
         module = importlib.import_module(module_name)
     if module is None:
         if not _of_an_installed_app(module_name):
-            raise TaskPathError(path, f"{module_name!r} is neither imported nor a module of an installed app")
+            raise TaskPathError(
+                path, f"{module_name!r} is neither imported nor a module of an installed app", missing=True
+            )
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
-            raise TaskPathError(path, f"not importable: {e}") from None
+            raise TaskPathError(path, f"not importable: {e}", missing=True) from None
     found = getattr(module, attribute, None)
+    if found is None:
+        raise TaskPathError(path, f"{module_name!r} has no {attribute!r}", missing=True)
     if not isinstance(found, Task):
         raise TaskPathError(path, f"it is a {type(found).__name__}")
     if found.module_path != path:
@@ -165,3 +169,12 @@ def read_result(task: Task[..., Any], backend: str, run: WorkflowRun, now_ms: in
     # A step not yet claimed has no attempt row: it is READY, whatever else it says.
     step = model_from_row(WorkflowStep, alias, steps, rows[0][split:]) if rows else None
     return build_result(task, backend, run, step, attempts, now_ms)
+
+
+def task_is_unfinished(path: str, result_id: str) -> bool:
+    """Is the result ``result_id`` of the task at ``path`` still ready or running? False once it is gone."""
+    try:
+        status = resolve_task(path).get_result(result_id).status
+    except (TaskResultDoesNotExist, NotImplementedError):
+        return False
+    return status in (TaskResultStatus.READY, TaskResultStatus.RUNNING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -17,12 +18,15 @@ from pikku_django.conf import conf
 from pikku_django.errors import (
     InvalidArgumentError,
     RaisedBaseExceptionError,
+    StepTimeoutError,
+    TaskTimeoutError,
     WorkerAbortedError,
 )
 from pikku_django.managers import serialize_error
-from pikku_django.managers.base import read_models
-from pikku_django.managers.lifecycle import stored_end
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.policy import StepPolicy, load_policy, step_policy
+from pikku_django.sql.cursors import read_models
+from pikku_django.store.lifecycle import stored_end
 from pikku_django.tasks.compat import (
     TaskContext,
     TaskError,
@@ -36,6 +40,7 @@ from pikku_django.tasks.results import TASK_STEP, TASK_WORKFLOW, build_result, r
 from pikku_django.workflows import workflow
 from pikku_django.workflows.context import RunContext
 from pikku_django.workflows.registry import FirstStep
+from pikku_django.workflows.timeouts import await_within, remaining_s
 from pikku_django.workflows.waits import Stop, Suspend
 
 #: The result an attempt starts with is RUNNING whatever its step's lease says:
@@ -52,15 +57,26 @@ def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> An
     pass through.
     """
     try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        given = (TaskContext(task_result=result), *args) if task.takes_context else tuple(args)
+        if remaining_s() is not None and inspect.iscoroutinefunction(task.func):
+            # Under a timeout, the coroutine is cancelled at its deadline.
+            value = await_within(task.func(*given, **kwargs))
         else:
-            value = task.call(*args, **kwargs)
+            value = task.call(*given, **kwargs)
         return normalize_json(value)
     except BaseException as error:
         if isinstance(error, (Exception, WorkerAbortedError, Stop, Suspend)):
             raise
         raise RaisedBaseExceptionError(error) from error
+
+
+def _past_deadline(error: BaseException | None = None) -> bool:
+    """
+    Has the attempt this thread runs passed its timeout, or raised by it?
+    Its outcome is then the lane's to tell (``timed_out``).
+    """
+    left = remaining_s()
+    return left is not None and (left <= 0 or isinstance(error, StepTimeoutError))
 
 
 def _started(task: Any, alias: str, ctx: RunContext) -> Any:
@@ -79,14 +95,17 @@ def _started(task: Any, alias: str, ctx: RunContext) -> Any:
     return build_result(task, alias, ctx.run, step, [first], NOT_JUDGED)
 
 
-def _last_attempt(ctx: RunContext) -> bool:
+def _last_attempt(ctx: RunContext, policy: StepPolicy | None, error: Exception) -> bool:
     """
     Would the attempt now raising spend the task's budget? Judged on its
     step as the claim will judge it once the failure is recorded (only
     attempts that raised count against ``retries``; a retry_workflow gives a
-    fresh budget).
+    fresh budget), or by its ``policy`` (an error it does not retry, a
+    backoff that answers None).
     """
     step = WorkflowStep.objects.using(ctx.run._state.db).get(run_id=ctx.run_id, step_name=TASK_STEP)
+    if policy is not None and policy.verdict(step.attempt, error).final:
+        return True
     step.status = "failed"
     return step.is_exhausted
 
@@ -169,26 +188,49 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     alias = input["backend"]
     sender = type(task_backends[alias])
     args, kwargs = input["args"], input["kwargs"]
+    # The task's policy as its enqueue stored it (none stored: judged as before).
+    options = load_policy(input["policy"]) if "policy" in input else {}
+    policy = step_policy(**options, worker_losses=input.get("worker_losses"))
+    ctx.timeout_error = TaskTimeoutError
 
     # Named after the task's function, so the step's rpc_name is the task's
     # path, and a replay with any other function is refused.
+    started: list[Any] = []
+
     @functools.wraps(task.func)
     def attempt() -> Any:
         result = _started(task, alias, ctx)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+        started[:] = [result]
         task_started.send(sender=sender, task_result=result)
         try:
             value = _call(task, result, args, kwargs)
         except Exception as error:
-            if _last_attempt(ctx):
+            # An attempt past its timeout is told by the lane (``timed_out``).
+            if not _past_deadline(error) and _last_attempt(ctx, policy, error):
                 # Its last attempt: FAILED once the run's failure commits.
                 ctx.on_failed(_when_failed(result, error, sender))
             raise
-        # This pass ran the successful attempt: SUCCESSFUL once its outcome commits.
-        ctx.on_completed(_when_done(result, value, sender))
+        if not _past_deadline():
+            # This pass ran the successful attempt: SUCCESSFUL once its outcome commits.
+            ctx.on_completed(_when_done(result, value, sender))
         return value
 
-    return ctx.step(TASK_STEP, attempt, retries=input["retries"], lease_ms=input.get("lease_ms"))
+    def timed_out(error: StepTimeoutError) -> None:
+        """The lane failed the attempt by its timeout: FAILED, if that was its last."""
+        if started and _last_attempt(ctx, policy, error):
+            ctx.on_failed(_when_failed(started[0], error, sender))
+
+    ctx.on_timeout = timed_out
+
+    return ctx.step(
+        TASK_STEP,
+        attempt,
+        retries=input["retries"],
+        lease_ms=input.get("lease_ms"),
+        worker_losses=input.get("worker_losses"),
+        **options,
+    )
 
 
 __all__ = ["TASK_STEP", "TASK_WORKFLOW", "run_task"]

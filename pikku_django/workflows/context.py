@@ -3,38 +3,31 @@
 from __future__ import annotations
 
 import datetime
-import inspect
-import json
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from pikku_django import validate
-from pikku_django.clock import DbNowMs, EpochMs
 from pikku_django.conf import conf
 from pikku_django.errors import (
     InvalidArgumentError,
     StepFailedError,
-    StepFunctionMismatchError,
     StepSupersededError,
 )
 from pikku_django.leases import HeldLease
-from pikku_django.managers.attempts import PreparedFinish
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.passes import HeldFinish
-from pikku_django.models import Lease, WorkflowRun, WorkflowStep
-from pikku_django.workflows.attempts import (
-    PendingOutcome,
-    StepLeaseRenewal,
-    spends_budget,
-    step_data,
-    wait_for_awaitable,
-)
-from pikku_django.workflows.current import StepHandle, running_step
+from pikku_django.models import Lease, WorkflowRun, WorkflowScheduleTick, WorkflowStep
+from pikku_django.policy import step_policy
+from pikku_django.store.passes import HeldFinish
+from pikku_django.workflows.attempts import AttemptsMixin, PendingOutcome, step_data
+from pikku_django.workflows.attempts import StepLeaseRenewal as StepLeaseRenewal
+from pikku_django.workflows.emits import EmitsMixin
 from pikku_django.workflows.fanout import FanOutMixin
-from pikku_django.workflows.registry import dotted_name
-from pikku_django.workflows.waits import PASS_CONTROL, Stop, Suspend, WaitsMixin, commits_held_outcome
+from pikku_django.workflows.patches import PatchesMixin
+from pikku_django.workflows.replay import fitting_rpc_name, step_rpc_name
+from pikku_django.workflows.waits import Stop, Suspend, WaitsMixin, commits_held_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +36,13 @@ logger = logging.getLogger(__name__)
 RETRY_SOON_MS = 1_000
 
 
-class RunContext(FanOutMixin, WaitsMixin):
+class RunContext(AttemptsMixin, EmitsMixin, FanOutMixin, WaitsMixin, PatchesMixin):
     """
     What a workflow function is called with: ``fn(ctx, input)``. Besides
     ``step``: ``sleep``, ``wait_for_signal`` and ``workflow`` (see ``waits``),
-    ``map`` and ``workflows`` (see ``fanout``).
+    ``map`` and ``workflows`` (see ``fanout``), ``set_event`` and ``publish``
+    (see ``emits``), ``patched`` (see ``patches``). Each attempt of a step
+    runs in ``attempts.AttemptsMixin``.
     """
 
     def __init__(
@@ -73,10 +68,16 @@ class RunContext(FanOutMixin, WaitsMixin):
         self.holder = held.lease.holder if held is not None else None
         self._seen: set[str] = set()
         self._signal_waits: dict[str, int] = {}
+        self._init_patches()
+        # How many set_event / publish calls of each (kind, name) this pass met (``emits``).
+        self._emit_counts: dict[tuple[str, str], int] = {}
         # A pass defers a step's success to its next write (see ``flush_outcome``);
         # a context made by hand, outside a pass, writes each outcome at once.
         self._defers = held is not None
         self._pending: PendingOutcome | None = None
+        # The flush loop may write a success held too long (``write_held_success``).
+        self._pending_lock = threading.Lock()
+        self._superseded: WorkflowStep | None = None
         # What to call once the run's outcome has committed, by status (``on_completed``).
         self._ended: dict[str, list[Callable[[WorkflowRun], None]]] = {"completed": [], "failed": []}
         # A lane's keeper of this pass's outcome for its next take (``runner.drive_run``'s ``hold``).
@@ -106,112 +107,163 @@ class RunContext(FanOutMixin, WaitsMixin):
         retries: int | None = None,
         retry_delay: int | None = None,
         lease_ms: int | None = None,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+        retry_on: Any = None,
+        timeout_ms: int | None = None,
+        worker_losses: int | None = None,
         **kwargs: Any,
     ) -> Any:
         """
         Run ``fn(*args, **kwargs)`` as the step ``name``, at least once and its
         result kept: a replay returns the stored result without calling ``fn``.
+        The policy options (``max_attempts`` ... ``worker_losses``): ``policy``.
         """
         validate.name("name", name)
+        self._policy = step_policy(
+            retries=retries,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            retry_on=retry_on,
+            timeout_ms=timeout_ms,
+            worker_losses=worker_losses,
+        )
         if not callable(fn):
             raise InvalidArgumentError(f"fn must be callable, not {type(fn).__name__}.")
-        if name in self._seen:
-            raise InvalidArgumentError(
-                f"name: step {name!r} is used twice in workflow {self.run.workflow!r}; "
-                "each step of a run needs a name of its own."
-            )
-        self._seen.add(name)
+        self._use_name(name)
         lease_ms = conf.STEP_LEASE_MS if lease_ms is None else validate.positive_ms("lease_ms", lease_ms)
-        rpc_name = dotted_name(fn)
-        steps = WorkflowStep.objects.db_manager(self._using)
-
         step = self._steps.get(name)
         if step is not None:
             # A step met before: the held success commits first, on its own.
             self.flush_outcome()
         else:
-            self._check_live()
-            # A step run for the first time is inserted already claimed, in
-            # one commit with the held success of the step before it (each
-            # keeps its own guard; a superseded success starts nothing).
-            pending = self.take_outcome()
-            try:
-                started = steps.start_step(
-                    self.run_id,
-                    name,
-                    rpc_name,
-                    lease_ms,
-                    step_data(args, kwargs),
-                    retries=retries,
-                    retry_delay=retry_delay,
-                    holder=self.holder,
-                    fence=self._fence,
-                    outcome=None if pending is None else pending.finish,
-                )
-            except StepSupersededError:
-                assert pending is not None
-                self._stale(pending.step)
-            if started is not None:
-                # Its start was guarded by the run's state (active, not past its
-                # deadline), so the check after a claim is already made.
-                self._execute(started, fn, args, kwargs, lease_ms, checked=True)
-                step = started if started.status == "succeeded" else steps.get(pk=started.pk)
-            else:
-                # Another pass inserted it after this one read the run's steps, or
-                # the run was cancelled, ended or timed out: _check_run says which.
-                found = steps.filter(run_id=self.run_id, step_name=name).first()
-                if found is None:
-                    now = self._check_run()
-                    raise Suspend(now + RETRY_SOON_MS, f"step {name!r} could not be started")
-                step = found
-        if step.rpc_name != rpc_name:
-            raise StepFunctionMismatchError(self.run_id, name, step.rpc_name, rpc_name)
+            step = self._start_step(name, step_rpc_name(fn), fn, args, kwargs, lease_ms, retries, retry_delay)
+        rpc_name = fitting_rpc_name(self.run_id, name, step.rpc_name, fn)
+        return self._step_result(step, name, rpc_name, fn, args, kwargs, lease_ms)
 
+    def _start_step(
+        self,
+        name: str,
+        rpc_name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        lease_ms: int,
+        retries: int | None,
+        retry_delay: int | None,
+    ) -> WorkflowStep:
+        """
+        A step met for the first time: started and its first attempt run,
+        then the step as that left it; or, when it could not be started, the
+        step as another pass started it (if none did, suspend a moment).
+        """
+        self._check_live()
+        self.check_markers(name)
+        steps = WorkflowStep.objects.db_manager(self._using)
+        # A step run for the first time is inserted already claimed, in
+        # one commit with the held success of the step before it (each
+        # keeps its own guard; a superseded success starts nothing).
+        pending = self.take_outcome()
+        try:
+            started = steps.start_step(
+                self.run_id,
+                name,
+                rpc_name,
+                lease_ms,
+                step_data(args, kwargs),
+                **self.budget(retries),
+                retry_delay=retry_delay,
+                holder=self.holder,
+                fence=self._fence,
+                outcome=None if pending is None else pending.finish,
+            )
+        except StepSupersededError:
+            assert pending is not None
+            self._stale(pending.step)
+        if started is not None:
+            # Its start was guarded by the run's state (active, not past its
+            # deadline), so the check after a claim is already made.
+            self._execute(started, fn, args, kwargs, lease_ms, checked=True)
+            return started if started.status == "succeeded" else steps.get(pk=started.pk)
+        # Another pass inserted it after this one read the run's steps, or
+        # the run was cancelled, ended or timed out: _check_run says which.
+        found = steps.filter(run_id=self.run_id, step_name=name).first()
+        if found is None:
+            now = self._check_run()
+            raise Suspend(now + RETRY_SOON_MS, f"step {name!r} could not be started")
+        return found
+
+    def _step_result(
+        self,
+        step: WorkflowStep,
+        name: str,
+        rpc_name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        lease_ms: int,
+    ) -> Any:
+        """
+        ``step``'s result: replayed once it succeeded, its error raised once
+        it failed for good; until then its attempts are run, the one the take
+        claimed first, each next one claimed here (or suspend until it can be).
+        """
+        steps = WorkflowStep.objects.db_manager(self._using)
         while True:
             if step.status == "succeeded":
                 return step.result
             if step.status == "failed" and step.is_exhausted:
                 raise StepFailedError(name, step.attempt, step.error)
             if self._claimed.pop(name, None) == step.attempt and step.status == "running":
-                # Claimed by the take, and read since: the step in hand, run
-                # even when the worker is stopping (as after any claim).
-                if self._held is not None and self._held.lost.is_set():
-                    raise Stop("the run lease was lost")
-                # The take found the run active under its row lock, in the
-                # commit that claimed the step: with no deadline to pass
-                # since, that is the check a claim needs (a cancel from now
-                # on meets the step's fence, as one during the step does).
-                checked = self.take_checked and self.run.deadline_at is None
-                self.in_hand = step
-                try:
-                    self._execute(step, fn, args, kwargs, lease_ms, fresh=True, checked=checked)
-                finally:
-                    self.in_hand = None
-                if step.status != "succeeded" and not self._holds_failure(step):
-                    step = steps.get(pk=step.pk)
+                step = self._run_in_hand(step, fn, args, kwargs, lease_ms)
                 continue
             self._check_live()
-            if step.status == "failed" and step.retry_delay:
-                # Judged in epoch ms on the database clock, never from a
-                # naive datetime (USE_TZ = False).
-                failed_ms, now = (
-                    steps.filter(pk=step.pk)
-                    .annotate(failed_ms=EpochMs("updated_at"), now=DbNowMs())
-                    .values_list("failed_ms", "now")
-                    .get()
-                )
-                due = int(failed_ms) + step.retry_delay
-                if now < due:
-                    raise Suspend(due, f"step {name!r} waits {step.retry_delay} ms to retry")
+            self._wait_retry_delay(step)
+            # Running under a lapsed lease, not given back by a take: its worker was lost.
+            took_over = step.status == "running" and not step.provisional
             attempt = steps.claim_attempt(self.run_id, name, rpc_name, lease_ms, holder=self.holder)
             if attempt is None:
                 step = steps.get(pk=step.pk)
                 self._wait_for(step)
                 continue
             step.attempt, step.status = attempt, "running"
+            if took_over:
+                self._tell_lost(step)
             self._execute(step, fn, args, kwargs, lease_ms)
             if step.status != "succeeded":
                 step = steps.get(pk=step.pk)
+
+    def _run_in_hand(
+        self,
+        step: WorkflowStep,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        lease_ms: int,
+    ) -> WorkflowStep:
+        """
+        Run the attempt the take claimed, ``step`` as read since its claim (the
+        step in hand), even when the worker is stopping (as after any claim);
+        returns the step as the attempt left it.
+        """
+        if self._held is not None and self._held.lost.is_set():
+            raise Stop("the run lease was lost")
+        # The take found the run active under its row lock, in the
+        # commit that claimed the step: with no deadline to pass
+        # since, that is the check a claim needs (a cancel from now
+        # on meets the step's fence, as one during the step does).
+        checked = self.take_checked and self.run.deadline_at is None
+        if step.attempt > 1 and step.losses and not step.provisional:
+            # A take's claim may have taken it from a lost worker.
+            self._tell_lost(step)
+        self.in_hand = step
+        try:
+            self._execute(step, fn, args, kwargs, lease_ms, fresh=True, checked=checked)
+        finally:
+            self.in_hand = None
+        if step.status != "succeeded" and not self._holds_failure(step):
+            return WorkflowStep.objects.db_manager(self._using).get(pk=step.pk)
+        return step
 
     @property
     def run_lease(self) -> HeldLease | None:
@@ -239,12 +291,55 @@ class RunContext(FanOutMixin, WaitsMixin):
     def take_outcome(self) -> PendingOutcome | None:
         """
         The pending step success, handed to the write that will commit it
-        with the run's outcome (``runner``); its step lease is no longer renewed.
+        with the run's outcome (``runner``); its step lease is no longer
+        renewed. A success the flush loop wrote meanwhile is not handed
+        over; one it found superseded stops the pass (``Stop``).
         """
-        pending, self._pending = self._pending, None
+        pending = self.drop_outcome()
+        with self._pending_lock:
+            superseded, self._superseded = self._superseded, None
+        if superseded is not None:
+            self._stale(superseded)
+        return pending
+
+    def drop_outcome(self) -> PendingOutcome | None:
+        """``take_outcome`` that never stops the pass: the end of a pass cut short."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
         if pending is not None:
             pending.renewal.stop()
         return pending
+
+    def holds_success(self) -> bool:
+        """Does this pass hold a step's success for its next write?"""
+        pending = self._pending
+        return pending is not None and pending.finish.status == "succeeded"
+
+    def write_held_success(self, older_than_s: float) -> bool:
+        """
+        Write the step success this pass has held longer than ``older_than_s``
+        (the flush loop's, on its own thread and connection), fenced to its
+        attempt; the pass learns of a superseded one at its next write. A
+        failure held to commit with the run's is left to the pass.
+        """
+        with self._pending_lock:
+            pending = self._pending
+            if pending is None or pending.finish.status != "succeeded":
+                return False
+            if time.monotonic() - pending.since < older_than_s:
+                return False
+            # Renewed no more: once written, the step is no longer this attempt's to renew.
+            pending.renewal.stop()
+            try:
+                WorkflowStep.objects.db_manager(self._using).write_finish(pending.finish)
+            except StepSupersededError:
+                self._superseded = pending.step
+            except BaseException:
+                # Still held (an outage): its lease is renewed again until a write takes it.
+                pending.renewal.start()
+                raise
+            self._pending = None
+        return True
 
     def on_completed(self, callback: Callable[[WorkflowRun], None]) -> None:
         """
@@ -294,101 +389,10 @@ class RunContext(FanOutMixin, WaitsMixin):
             now = Lease.objects.db_manager(self._using).db_now_ms()
             raise Suspend(now, "the worker is stopping")
 
-    def _execute(
-        self,
-        step: WorkflowStep,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        lease_ms: int,
-        *,
-        checked: bool = False,
-        fresh: bool = False,
-    ) -> None:
-        """
-        Run one attempt under its step lease and record its outcome, fenced to
-        it. A success is left on ``step`` (status and result as a replay will
-        see them); after a failure the caller reads the step again. ``checked``:
-        the claim itself was guarded by the run's state. ``fresh``: ``step``
-        was read after its claim, so its budget columns are the claim's; a
-        failure that spends the budget is then held like a success, to commit
-        with the run's failure (left on ``step`` too).
-        """
-        if not checked:
-            self._check_claimed(step)
-        renewal = StepLeaseRenewal(step, lease_ms, self._using)
-        renewal.start()
-        try:
-            with running_step(StepHandle(self.run_id, step.step_name, step.attempt, renewal.lost)):
-                result = fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    # An async step runs in this lane (its lease renewed by
-                    # the keeper while it awaits); a replay never calls it.
-                    result = wait_for_awaitable(result)
-        except PASS_CONTROL:
-            renewal.stop()
-            raise
-        except BaseException as error:
-            # Whatever the step raises is its attempt's error, SystemExit and
-            # KeyboardInterrupt included: only the worker's own signals stop it.
-            logger.info("Step %r attempt %s failed: %r", step.step_name, step.attempt, error)
-            failure = self._steps_store().prepare_finish(step.pk, step.attempt, error=error)
-            if self._defers and fresh and spends_budget(step):
-                # The run fails with it: one commit for both (issue 14).
-                self._pending = PendingOutcome(step, failure, renewal)
-                step.status, step.error, step.lease_expires_at = (
-                    "failed",
-                    json.loads(failure.error_text),
-                    None,
-                )
-                return
-            renewal.stop()
-            self._write_outcome(step, failure)
-            return
-        try:
-            # The result is refused before any SQL runs when it is not JSON.
-            finish = self._steps_store().prepare_finish(step.pk, step.attempt, result=result)
-        except InvalidArgumentError as error:
-            renewal.stop()
-            bad = TypeError(
-                f"Step {step.step_name!r} returned a result that cannot be stored "
-                f"(not JSON, too large or holding a NUL): {error}"
-            )
-            self._write_outcome(step, self._steps_store().prepare_finish(step.pk, step.attempt, error=bad))
-            return
-        if self._defers:
-            # Committed by the pass's next write, or with the run's outcome
-            # when the workflow ends here: one commit fewer. A crash before
-            # then runs the step again as a new attempt, under the same fence.
-            self._pending = PendingOutcome(step, finish, renewal)
-        else:
-            renewal.stop()
-            self._write_outcome(step, finish)
-        step.status, step.result, step.error, step.lease_expires_at = "succeeded", finish.stored, None, None
-
-    def _steps_store(self) -> Any:
-        return WorkflowStep.objects.db_manager(self._using)
-
-    def _write_outcome(self, step: WorkflowStep, finish: PreparedFinish) -> None:
-        try:
-            self._steps_store().write_finish(finish)
-        except StepSupersededError:
-            self._stale(step)
-
-    def _stale(self, step: WorkflowStep) -> NoReturn:
-        """
-        A newer attempt owns ``step`` (this one's lease lapsed, or a cancel
-        fenced it): its outcome is the step's, and this pass is stale.
-        """
-        logger.warning("Step %r attempt %s was superseded; stopping this pass.", step.step_name, step.attempt)
-        raise Stop("superseded") from None
-
     @property
     def scheduled_at(self) -> datetime.datetime | None:
         """
         The instant (an aware UTC ``datetime``) of the schedule tick that
         started this run, or None for a run no schedule started.
         """
-        from pikku_django.schedules import scheduled_at
-
-        return scheduled_at(self.run, using=self._using)  # type: ignore[no-any-return, unused-ignore]
+        return WorkflowScheduleTick.objects.db_manager(self._using).scheduled_at(self.run.pk)

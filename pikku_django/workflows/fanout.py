@@ -9,6 +9,7 @@ returns the stored list.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -16,21 +17,24 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import F
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.errors import (
+    FanOutReplayError,
     InvalidArgumentError,
     StepFailedError,
     StepFunctionMismatchError,
 )
-from pikku_django.fanout_models import FanOutKind, WorkflowFanOut
-from pikku_django.managers import fanout as store
-from pikku_django.managers.fanout import MAP_RPC, WORKFLOWS_RPC
-from pikku_django.managers.steps import _write_attempt
+from pikku_django.managers.steps import write_attempt
 from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.models.fanout import FanOutKind, WorkflowFanOut
+from pikku_django.policy import dump_policy, load_policy, step_policy
+from pikku_django.sql.conflicts import in_transaction
+from pikku_django.store import fanout as store
+from pikku_django.store.fanout import MAP_RPC, WORKFLOWS_RPC
 from pikku_django.workflows.registry import child_workflow, workflow
 from pikku_django.workflows.waits import Stop, Suspend, _data, unwinds_store_errors
 
@@ -74,7 +78,10 @@ def import_function(path: str) -> Callable[..., Any]:
 def map_item(ctx: Any, input: dict[str, Any]) -> Any:
     """One item of a ``ctx.map``: its function called on it, as a step of this run."""
     fn = import_function(input["fn"])
-    return ctx.step(input["step"], fn, input["item"], **input.get("options", {}))
+    options = dict(input.get("options", {}))
+    # The map's policy as stored (backoff and retry_on by their paths).
+    options.update(load_policy(options.pop("policy", {})))
+    return ctx.step(input["step"], fn, input["item"], **options)
 
 
 def _json_list(argument: str, values: object) -> list[Any]:
@@ -92,6 +99,21 @@ def _max_parallel(value: object) -> int | None:
 def _digest(values: Sequence[Any]) -> str:
     text = json.dumps(list(values), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fan_out_fits(
+    run_id: Any, name: str, stored: dict[str, Any], target: dict[str, str], values: list[Any], argument: str
+) -> None:
+    """
+    A fan-out step as stored (``stored``, its data) fits this replay's call:
+    the same function or workflow (``target``), and the same list of items.
+    Else ``StepFunctionMismatchError`` or ``FanOutReplayError``.
+    """
+    for key, value in target.items():
+        if stored.get(key) != value:
+            raise StepFunctionMismatchError(run_id, name, str(stored.get(key)), value)
+    if stored.get("count") != len(values) or stored.get("digest") != _digest(values):
+        raise FanOutReplayError(run_id, name, argument, stored.get("count"), len(values))
 
 
 class FanOutMixin:
@@ -119,12 +141,18 @@ class FanOutMixin:
         retries: int | None = None,
         retry_delay: int | None = None,
         lease_ms: int | None = None,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+        retry_on: Any = None,
+        timeout_ms: int | None = None,
+        worker_losses: int | None = None,
     ) -> list[Any]:
         """
         ``fn(item)`` for each item of ``items``, each a step of its own run
         that any free worker takes, at most ``max_parallel`` at once; the
-        results in the order of ``items``. ``retries``, ``retry_delay`` and
-        ``lease_ms`` are each item's, as for ``ctx.step``. Once an item's
+        results in the order of ``items``. ``retries``, ``retry_delay``,
+        ``lease_ms`` and the policy options (``max_attempts`` ...
+        ``worker_losses``) are each item's, as for ``ctx.step``. Once an item's
         attempts are spent, no further item starts, and ``StepFailedError``
         is raised here when the items in flight have ended.
         """
@@ -139,6 +167,18 @@ class FanOutMixin:
             options["retry_delay"] = validate.retry_delay("retry_delay", retry_delay)
         if lease_ms is not None:
             options["lease_ms"] = validate.positive_ms("lease_ms", lease_ms)
+        policy = step_policy(
+            retries=retries,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            retry_on=retry_on,
+            timeout_ms=timeout_ms,
+            worker_losses=worker_losses,
+        )
+        if policy is not None:
+            given = {"max_attempts": policy.max_attempts, "worker_losses": policy.worker_losses}
+            options.update({key: value for key, value in given.items() if value is not None})
+            options["policy"] = dump_policy(policy)
         item = {"fn": path, "step": name, **({"options": options} if options else {})}
         inputs = [{**item, "item": value} for value in values]
         return self._fan_out(
@@ -186,16 +226,7 @@ class FanOutMixin:
             "pending",
             lambda now: {**target, "count": len(values), "digest": digest, "max_parallel": max_parallel},
         )
-        stored = _data(step)
-        for key, value in target.items():
-            if stored.get(key) != value:
-                raise StepFunctionMismatchError(self.run_id, name, str(stored.get(key)), value)
-        if stored.get("count") != len(values) or stored.get("digest") != digest:
-            raise InvalidArgumentError(
-                f"{argument}: step {name!r} of run {self.run_id} was started with {stored.get('count')} "
-                f"{argument} and this replay passes {len(values)} that differ; "
-                "a replay must pass the same list."
-            )
+        fan_out_fits(self.run_id, name, _data(step), target, values, argument)
         if step.status == "pending":
             self._check_run()
             if not inputs:
@@ -232,14 +263,15 @@ class FanOutMixin:
         try:
             start = runs.filter(parent_step=step).count()
             for first in range(start, len(inputs), store.INSERT_BATCH):
-                with transaction.atomic(using=alias):
-                    self._touch_run()
-                    batch = inputs[first : first + store.INSERT_BATCH]
-                    store.insert_items(alias, self.run, step, workflow_name, batch, first)
+                batch = inputs[first : first + store.INSERT_BATCH]
+                in_transaction(
+                    alias, functools.partial(self._insert_batch, step, workflow_name, batch, first)
+                )
         except IntegrityError:
             raise Stop(f"another pass inserted the items of step {step.step_name!r}") from None
         released = len(inputs) if max_parallel is None else min(max_parallel, len(inputs))
-        with transaction.atomic(using=alias):
+
+        def park() -> None:
             self._touch_run()
             parked = (
                 WorkflowStep.objects.using(alias)
@@ -248,11 +280,13 @@ class FanOutMixin:
             )
             if not parked:
                 raise Stop(f"step {step.step_name!r} was started elsewhere")
-            _write_attempt(alias, step.pk, step.attempt, "running", running_at=DbNow())
+            write_attempt(alias, step.pk, step.attempt, "running", running_at=DbNow())
             WorkflowFanOut.objects.using(alias).create(
                 step=step, kind=kind, total=len(inputs), max_parallel=max_parallel, released=released
             )
             store.release_first(alias, step.pk, released)
+
+        in_transaction(alias, park)
         logger.info(
             "Run %s fanned out step %r: %s items of %s.",
             self.run_id,
@@ -260,6 +294,11 @@ class FanOutMixin:
             len(inputs),
             workflow_name,
         )
+
+    def _insert_batch(self, step: WorkflowStep, workflow_name: str, batch: list[Any], first: int) -> None:
+        """One batch of the items' runs, in the caller's transaction, fenced to this pass's run lease."""
+        self._touch_run()
+        store.insert_items(self._using, self.run, step, workflow_name, batch, first)
 
     def _gather(self, step: WorkflowStep, fan_out: WorkflowFanOut) -> list[Any]:
         """All ended: the step succeeds with their results in order, or fails with the first failure."""
@@ -285,7 +324,8 @@ class FanOutMixin:
     ) -> None:
         """End the parked step, fenced to this pass's run lease (a stale pass writes nothing)."""
         stamp = {"succeeded_at" if status == "succeeded" else "failed_at": DbNow()}
-        with transaction.atomic(using=self._using):
+
+        def write() -> None:
             self._touch_run()
             written = (
                 WorkflowStep.objects.using(self._using)
@@ -294,5 +334,7 @@ class FanOutMixin:
             )
             if not written:
                 raise Stop(f"step {step.step_name!r} was ended elsewhere")
-            _write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)
+            write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)
+
+        in_transaction(self._using, write)
         step.status, step.result, step.error = status, result, error

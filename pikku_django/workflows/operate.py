@@ -9,8 +9,8 @@ from django.db import router
 
 from pikku_django import validate
 from pikku_django.errors import InvalidArgumentError
-from pikku_django.managers.operate import fork_run, retry_run
 from pikku_django.models import WorkflowRun
+from pikku_django.store.operate import fork_run, retry_run
 
 
 def _run_pk(run_id: Any) -> uuid.UUID:
@@ -27,8 +27,10 @@ def retry_workflow(run_id: Any, *, timeout_ms: int | None = None, using: str | N
     at once: succeeded steps replay, the step that failed (or was fenced)
     gets a fresh budget of ``retries + 1`` attempts, a failed child step
     starts a new child. The deadline is cleared, or set ``timeout_ms`` from
-    now. False for a run that is running, suspended or completed, and for
-    all but one of several retries racing.
+    now. A run parked for a history that no longer fits its code
+    (``PIKKU_ON_REPLAY_MISMATCH = "park"``) is revived too, its error
+    cleared. False for a run that is running, suspended (not parked) or
+    completed, and for all but one of several retries racing.
     """
     pk = _run_pk(run_id)
     if timeout_ms is not None:

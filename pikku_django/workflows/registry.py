@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pikku_django import validate
 from pikku_django.errors import InvalidArgumentError, WorkflowNotFoundError, WorkflowRegistrationError
+from pikku_django.managers.versions import note_workflow
 
 if TYPE_CHECKING:
     from pikku_django.models import WorkflowRun
@@ -71,6 +72,7 @@ def workflow(
                 f"{dotted_name(fn)}. Give one of them another name."
             )
         _registry[name] = fn
+        note_workflow(name, fn)
         if internal:
             _internal.add(name)
         if first_step is not None:

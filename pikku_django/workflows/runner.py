@@ -1,10 +1,9 @@
-"""Driving runs: one pass under the run lease, and starting runs."""
+"""Driving runs: one pass under the run lease (starting them: ``workflows.starts``)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,16 +22,22 @@ from pikku_django.errors import (
     StepSupersededError,
     StoreFailure,
     WorkerAbortedError,
+    WorkflowReplayError,
 )
-from pikku_django.leases import hold_lease, keep_lease
-from pikku_django.managers import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, serialize_error
+from pikku_django.leases import HeldLease, hold_lease, keep_lease
+from pikku_django.managers import ACTIVE_RUN_STATUSES, serialize_error
 from pikku_django.managers.base import write_alias
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.passes import HeldFinish, finish_pass
-from pikku_django.models import DEFAULT_QUEUE, Lease, WorkflowRun, WorkflowStep
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 from pikku_django.outages import OUTAGE_ERRORS
+from pikku_django.sql.conflicts import is_conflict
+from pikku_django.store.passes import HeldFinish, finish_pass, give_back_pass
+from pikku_django.workflows import tracing
+from pikku_django.workflows.activity import tell_run_ended
 from pikku_django.workflows.context import RETRY_SOON_MS, RunContext
+from pikku_django.workflows.in_progress import in_progress
 from pikku_django.workflows.registry import WorkflowFunction, get_workflow
+from pikku_django.workflows.replay import parked, replayed, resume_run
 from pikku_django.workflows.waits import Stop, Suspend, suspend_run
 
 if TYPE_CHECKING:
@@ -42,71 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a run whose workflow this process does not know waits for a worker that does.
 UNKNOWN_WORKFLOW_RETRY_MS = 60_000
-
-
-def start_workflow(
-    name: str,
-    input: Any = None,
-    *,
-    inline: bool = False,
-    queue: str = DEFAULT_QUEUE,
-    priority: int = 0,
-    idempotency_key: str | None = None,
-    timeout_ms: int | None = None,
-    using: str | None = None,
-) -> WorkflowRun:
-    """
-    Start a run of the workflow ``name`` on ``queue``, due at once for a
-    worker (higher ``priority`` first); with ``inline=True``, drive it to its
-    end here first. A failed run is returned, not raised. A second start with
-    the same ``idempotency_key`` returns the first run, whatever its status;
-    ``timeout_ms`` sets a deadline on the database clock. ``using``: the
-    database (default: the router's ``db_for_write``).
-    """
-    get_workflow(validate.name("name", name))
-    validate.json_value("input", input)
-    validate.queue_name("queue", queue)
-    validate.priority("priority", priority)
-    if timeout_ms is not None:
-        validate.positive_ms("timeout_ms", timeout_ms)
-    runs = WorkflowRun.objects.db_manager(write_alias(WorkflowRun, using))
-    if idempotency_key is None:
-        run = runs.create_run(name, input, queue=queue, priority=priority, timeout_ms=timeout_ms)
-    else:
-        run = runs.start_run(
-            name,
-            input,
-            idempotency_key=idempotency_key,
-            timeout_ms=timeout_ms,
-            queue=queue,
-            priority=priority,
-        )
-    if inline:
-        run = _drive_inline(run)
-    return run
-
-
-def _drive_inline(run: WorkflowRun) -> WorkflowRun:
-    """Drive the run here until it ends, or waits for something no pass here can bring (a signal)."""
-    while True:
-        run = run_workflow(run.pk, using=run._state.db)
-        if run.is_finished:
-            return run
-        if run.wake_at is None:
-            # Waiting on a child, or on the items of a fan-out: drive the child
-            # (or the next due item) inline too; the last end wakes this run.
-            children = WorkflowRun.objects.using(run._state.db).filter(parent=run)
-            child = (
-                children.filter(parent_steps__run=run, parent_steps__status="running")
-                .exclude(status__in=FINISHED_RUN_STATUSES)
-                .first()
-            ) or children.filter(parent_step__isnull=False, status="running").order_by("parent_index").first()
-            if child is None or not _drive_inline(child).is_finished:
-                return run
-            continue
-        wait_ms = run.wake_at - Lease.objects.db_manager(run._state.db).db_now_ms()
-        if wait_ms > 0:
-            time.sleep(wait_ms / 1000)
 
 
 def run_workflow(
@@ -170,7 +110,7 @@ def drive_run(
     try:
         fn = get_workflow(run.workflow)
     except InvalidArgumentError:
-        logger.error("Run %s is of workflow %r, which this process does not know.", run.pk, run.workflow)
+        logger.error("Run %s: unknown workflow %r; restart the worker with its code.", run.pk, run.workflow)
         _set_wake(run, DbNowMs() + UNKNOWN_WORKFLOW_RETRY_MS)
         return run
     if lease is None:
@@ -179,22 +119,9 @@ def drive_run(
         holding = keep_lease(lease, conf.LEASE_TTL_MS, using=alias)
     try:
         with holding as held:
-            fence = RunFence(held.key, held.lease.holder, held.token)
-            if run.status == "suspended":
-                # A wait that timed out (or a wake that raced the suspension): drive it.
-                runs.filter(pk=run.pk, status="suspended").filter(fence.held(alias)).update(status="running")
-                run.status = "running"
-            ctx = RunContext(
-                run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed, steps=steps
+            _drive_held(
+                run, fn, held, stop=stop, claimed=claimed, hold=hold, steps=steps, taken_ahead=taken_ahead
             )
-            ctx.hold = hold
-            ctx.take_checked = not taken_ahead
-            try:
-                _drive(run, fn, ctx, fence)
-            finally:
-                # A success still pending here (an outage, an abort) is not
-                # written: its step runs again as a new attempt.
-                ctx.take_outcome()
     except LeaseTakenError:
         # Held elsewhere: look again a second later. Unconditionally, so that a
         # worker's take (wake_at at its own lease's end) doesn't delay it.
@@ -205,9 +132,48 @@ def drive_run(
     return run
 
 
+def _drive_held(
+    run: WorkflowRun,
+    fn: WorkflowFunction,
+    held: HeldLease,
+    *,
+    stop: threading.Event | None,
+    claimed: dict[str, int] | None,
+    hold: Callable[[HeldFinish], None] | None,
+    steps: list[WorkflowStep] | None,
+    taken_ahead: bool,
+) -> None:
+    """
+    ``drive_run``'s pass once it holds the run lease (``held``): a suspended
+    run made running again, then the workflow driven in a ``RunContext``
+    whose run-level writes are fenced to the lease.
+    """
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    fence = RunFence(held.key, held.lease.holder, held.token)
+    resume_run(run, fence)
+    ctx = RunContext(run, using=alias, held=held, stop=stop, fence=fence, claimed=claimed, steps=steps)
+    ctx.hold = hold
+    ctx.take_checked = not taken_ahead
+    try:
+        with in_progress(ctx), tracing.run_pass(run, fence.holder, fence.token):
+            _drive(run, fn, ctx, fence)
+    except OUTAGE_ERRORS as error:
+        if not is_conflict(error):
+            raise
+        _given_back(run, ctx, error)
+    finally:
+        # A success still pending here (an outage, an abort) is not
+        # written: its step runs again as a new attempt.
+        ctx.drop_outcome()
+
+
 def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFence) -> None:
     try:
-        output = fn(ctx, run.input)
+        output = replayed(fn, ctx, run.input)
+    except WorkflowReplayError as error:
+        if not parked(run, error, ctx.run_fence, lambda: _flushed(run, ctx)):
+            _finish(run, "failed", ctx, error=serialize_error(error))
+        return
     except Suspend as suspend:
         logger.debug("Run %s suspends: %s", run.pk, suspend.reason)
         if _flushed(run, ctx):
@@ -222,7 +188,8 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
         if isinstance(failure.cause, OUTAGE_ERRORS):
             # The database went away mid-pass: no fault of the run's. The pass
             # ends here and the run is driven again once the database is back.
-            raise failure.cause from None
+            # From the driver's error, whose code tells a conflict (``_drive_held``).
+            raise failure.cause from failure.cause.__cause__
         logger.error("Run %s: the store failed under its pass: %r", run.pk, failure.cause)
         _finish(run, "failed", ctx, error=serialize_error(RunStoreError(run.pk, failure.cause)))
         return
@@ -236,7 +203,7 @@ def _drive(run: WorkflowRun, fn: WorkflowFunction, ctx: RunContext, fence: RunFe
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         # Whatever the workflow raises is its failure, SystemExit included:
         # only the worker's own signals stop the worker.
-        logger.info("Run %s failed: %r", run.pk, error)
+        logger.debug("Run %s failed: %r", run.pk, error)
         _finish(run, "failed", ctx, error=serialize_error(error))
         return
     try:
@@ -314,6 +281,9 @@ def _finish_now(
         logger.warning("Run %s: its last step's attempt was superseded; stopping this pass.", run.pk)
         return
     except DatabaseError as error:
+        if is_conflict(error):
+            _given_back(run, ctx, error, pending)
+            return
         if pending is None or isinstance(error, OUTAGE_ERRORS):
             raise
         logger.error("Run %s: the store failed under its pass: %r", run.pk, error)
@@ -322,13 +292,41 @@ def _finish_now(
     _ended(run, status, ctx, done, fields)
 
 
+def _given_back(
+    run: WorkflowRun, ctx: RunContext, error: Exception, pending: PendingOutcome | None = None
+) -> None:
+    """
+    A write of the pass was rolled back for a conflict each time it was
+    sent: no outage, and no worker lost. The step success the pass holds
+    (``pending``, or the context's) is written alone; the steps it still
+    runs are given back and the run is due at once (``give_back_pass``).
+    """
+    first_line = str(error).strip().split("\n")[0]
+    logger.warning("Run %s: a write of its pass met conflicts (%s); it is due again.", run.pk, first_line)
+    alias = run._state.db or DEFAULT_DB_ALIAS
+    try:
+        if pending is None:
+            ctx.flush_outcome()
+        else:
+            WorkflowStep.objects.db_manager(alias).write_finish(pending.finish)
+    except (Stop, StepSupersededError):
+        pass  # another attempt owns the step: nothing of this pass's to keep
+    except OUTAGE_ERRORS as again:
+        if not is_conflict(again):
+            raise
+    ctx.drop_outcome()
+    if ctx.run_fence is not None:
+        give_back_pass(alias, run.pk, ctx.run_fence, ctx.run_lease)
+
+
 def _ended(run: WorkflowRun, status: str, ctx: RunContext, done: bool, fields: dict[str, Any]) -> None:
     """The run's outcome has committed (``done``: this pass recorded it): tell those who asked."""
     if done:
         run.status, run.wake_at = status, None
         for name, value in fields.items():
             setattr(run, name, value)
-        ctx.ended(status)
+        ctx.ended(status)  # first: an attempt failure that committed with the run's is told first
+        tell_run_ended(run, status, run._state.db or DEFAULT_DB_ALIAS)
 
 
 def _set_wake(run: WorkflowRun, wake_at: Any) -> None:

@@ -7,13 +7,11 @@ while one waits, the run holds no worker.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import Error as DatabaseError_
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
@@ -22,18 +20,22 @@ from pikku_django.errors import (
     SignalTimeoutError,
     StepFailedError,
     StepFunctionMismatchError,
-    StoreFailure,
-    WorkerAbortedError,
     WorkflowCancelledError,
 )
 from pikku_django.managers import ACTIVE_RUN_STATUSES, WOKEN, serialize_error
 from pikku_django.managers.fence import RunFence
-from pikku_django.managers.lifecycle import time_out_runs
 from pikku_django.managers.signals import SIGNAL_RPC
-from pikku_django.managers.steps import _write_attempt
+from pikku_django.managers.steps import write_attempt
 from pikku_django.models import WorkflowRun, WorkflowSignal, WorkflowStep
+from pikku_django.sql.conflicts import in_transaction
+from pikku_django.store.lifecycle import time_out_runs
 from pikku_django.wakeups import work_due
 from pikku_django.workflows.registry import child_workflow
+from pikku_django.workflows.unwind import PASS_CONTROL as PASS_CONTROL
+from pikku_django.workflows.unwind import Stop as Stop
+from pikku_django.workflows.unwind import Suspend as Suspend
+from pikku_django.workflows.unwind import commits_held_outcome as commits_held_outcome
+from pikku_django.workflows.unwind import unwinds_store_errors as unwinds_store_errors
 
 logger = logging.getLogger(__name__)
 
@@ -44,72 +46,6 @@ SLEEP_RPC = "pikku.sleep"
 CHILD_RPC = "pikku.workflow"
 
 SIGNAL_TIMEOUT_TYPE = f"{SignalTimeoutError.__module__}.{SignalTimeoutError.__qualname__}"
-
-
-class Suspend(BaseException):
-    """
-    Unwinds the workflow function: this pass can go no further now. The run is
-    woken again at ``wake_at`` (epoch ms on the DB clock), or not at all (None)
-    until something wakes it. ``status`` is the run's status meanwhile
-    (``suspended`` while it waits for a signal). ``recheck``, if given, is
-    asked once the suspension is written whether what the run waits for came
-    meanwhile (then it is woken at once), so a wake sent while the pass was
-    suspending is never lost. A BaseException, so that a workflow's own
-    ``except Exception`` cannot swallow it.
-    """
-
-    def __init__(
-        self,
-        wake_at: int | None,
-        reason: str,
-        *,
-        status: str = "running",
-        recheck: Callable[[], bool] | None = None,
-    ) -> None:
-        super().__init__(reason)
-        self.wake_at = wake_at
-        self.reason = reason
-        self.status = status
-        self.recheck = recheck
-
-
-class Stop(BaseException):
-    """Unwinds the workflow function: this pass is stale and must write nothing more."""
-
-
-#: What unwinds a workflow function on the runtime's behalf; never a step's error.
-PASS_CONTROL: tuple[type[BaseException], ...] = (Suspend, Stop, StoreFailure, WorkerAbortedError)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def unwinds_store_errors(method: F, *, flushes: bool = True) -> F:
-    """
-    A ``ctx`` method that uses the store: it first commits the step success
-    the pass still holds (``RunContext.flush_outcome``), so the store sees
-    every step that ended before the call; and its database errors unwind
-    the workflow function as ``StoreFailure`` (a BaseException), so the
-    workflow's own ``except Exception`` never takes a database blip for a
-    step's outcome. ``flushes=False``: the method commits the held success
-    itself (see ``commits_held_outcome``).
-    """
-
-    @functools.wraps(method)
-    def wrapper(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            flush = getattr(ctx, "flush_outcome", None) if flushes else None
-            if flush is not None:
-                flush()
-            return method(ctx, *args, **kwargs)
-        except DatabaseError_ as error:
-            raise StoreFailure(error) from error
-
-    return wrapper  # type: ignore[return-value]
-
-
-def commits_held_outcome(method: F) -> F:
-    """``unwinds_store_errors`` for ``ctx.step``, which commits the held success with a new step's start."""
-    return unwinds_store_errors(method, flushes=False)
 
 
 def suspend_run(run: WorkflowRun, suspend: Suspend, fence: RunFence | None = None) -> None:
@@ -143,6 +79,8 @@ class WaitsMixin:
     _steps: dict[str, WorkflowStep]
     _signal_waits: dict[str, int]
     _fence: RunFence | None
+    # Provided by PatchesMixin: every marker the run holds was asked for before a new step.
+    check_markers: Callable[[str], None]
 
     # -- sleep ------------------------------------------------------------------
 
@@ -201,14 +139,7 @@ class WaitsMixin:
         self._stop_unless_waiting(step)
         now = self._check_run()
         signals = WorkflowSignal.objects.db_manager(self._using)
-        # Consumed and settled together: a pass fenced out at the settle
-        # leaves the signal for the pass that holds the run now.
-        with transaction.atomic(using=self._using):
-            # Fenced, and the first write of the transaction (see take_write_lock).
-            self._touch_run()
-            signal = signals.consume(step, name)
-            if signal is not None:
-                self._settle(step, "succeeded", result=signal.payload)
+        signal = self._consume(step, name)
         if signal is not None:
             return signal.payload
         until = _data(step).get("until")
@@ -224,16 +155,40 @@ class WaitsMixin:
             recheck=lambda: signals.waiting_for(run, name),
         )
 
+    def _consume(self, step: WorkflowStep, name: str) -> WorkflowSignal | None:
+        """
+        The oldest signal ``name`` not yet consumed, consumed and the wait
+        settled with it in one transaction: a pass fenced out at the settle
+        leaves the signal for the pass that holds the run now.
+        """
+        signals = WorkflowSignal.objects.db_manager(self._using)
+        stored = step.status, step.result, step.error
+
+        def write() -> WorkflowSignal | None:
+            # A try the server rolled back settled nothing: the step as it was read.
+            step.status, step.result, step.error = stored
+            # Fenced, and the first write of the transaction (see take_write_lock).
+            self._touch_run()
+            signal = signals.consume(step, name)
+            if signal is not None:
+                self._settle(step, "succeeded", result=signal.payload)
+            return signal
+
+        return in_transaction(self._using, write)
+
     # -- child runs ---------------------------------------------------------------
 
     @unwinds_store_errors
-    def workflow(self, name: str, workflow_name: str, input: Any = None) -> Any:
+    def workflow(self, name: str, workflow_name: str, input: Any = None, *, key: str | None = None) -> Any:
         """
         Run the workflow ``workflow_name`` as a child of this run (started
         once, even across replays and crashes) and return its output; a child
         that fails or is cancelled raises ``StepFailedError`` with its error.
+        ``key``: the child's flow-control key (its queue's per-key limits).
         """
         validate.name("name", name)
+        if key is not None:
+            validate.name("key", key)
         child_workflow("workflow_name", workflow_name)
         validate.json_value("input", input)
         self._use_name(name)
@@ -244,7 +199,7 @@ class WaitsMixin:
             )
         if step.status == "pending":
             self._check_run()
-            self._start_child(step, workflow_name, input)
+            self._start_child(step, workflow_name, input, key)
             step = WorkflowStep.objects.using(self._using).get(pk=step.pk)
         if step.status == "succeeded":
             return step.result
@@ -258,30 +213,39 @@ class WaitsMixin:
             recheck=lambda: not steps.filter(pk=step_id, status="running").exists(),
         )
 
-    def _start_child(self, step: WorkflowStep, workflow_name: str, input: Any) -> None:
+    def _start_child(self, step: WorkflowStep, workflow_name: str, input: Any, key: str | None) -> None:
         """
         Start the child and park the step on it in one transaction, guarded by
         the step still being pending with no child: a crash leaves neither or
         both, and a replay never starts a second child.
         """
         alias = self._using
+
+        def write() -> WorkflowRun:
+            # The parent is active and this pass's, checked (and its row
+            # locked) in the transaction that starts the child.
+            self._touch_run()
+            # On the parent's queue and priority.
+            child = WorkflowRun.objects.db_manager(alias).create_run(
+                workflow_name,
+                input,
+                parent=self.run,
+                queue=self.run.queue,
+                priority=self.run.priority,
+                key=key,
+            )
+            parked = (
+                WorkflowStep.objects.using(alias)
+                .filter(pk=step.pk, status="pending", child_run__isnull=True)
+                .update(status="running", lease_expires_at=None, child_run=child, updated_at=DbNow())
+            )
+            if not parked:
+                raise _AlreadyStarted
+            write_attempt(alias, step.pk, step.attempt, "running", running_at=DbNow())
+            return child
+
         try:
-            with transaction.atomic(using=alias):
-                # The parent is active and this pass's, checked (and its row
-                # locked) in the transaction that starts the child.
-                self._touch_run()
-                # On the parent's queue and priority.
-                child = WorkflowRun.objects.db_manager(alias).create_run(
-                    workflow_name, input, parent=self.run, queue=self.run.queue, priority=self.run.priority
-                )
-                parked = (
-                    WorkflowStep.objects.using(alias)
-                    .filter(pk=step.pk, status="pending", child_run__isnull=True)
-                    .update(status="running", lease_expires_at=None, child_run=child, updated_at=DbNow())
-                )
-                if not parked:
-                    raise _AlreadyStarted
-                _write_attempt(alias, step.pk, step.attempt, "running", running_at=DbNow())
+            child = in_transaction(alias, write)
         except _AlreadyStarted:
             return
         logger.info("Run %s started child run %s (%s).", self.run_id, child.pk, workflow_name)
@@ -307,16 +271,21 @@ class WaitsMixin:
         """
         step = self._steps.get(name)
         if step is None:
+            self.check_markers(name)
             now = self._check_run()
             steps = WorkflowStep.objects.db_manager(self._using)
+
+            def write() -> WorkflowStep:
+                self._touch_run()
+                created = steps.insert_step(self.run, name, rpc_name, data(now), retries=0)
+                if status != "pending":
+                    steps.filter(pk=created.pk, status="pending").update(status=status)
+                    write_attempt(self._using, created.pk, created.attempt, status)
+                    created.status = status
+                return created
+
             try:
-                with transaction.atomic(using=self._using):
-                    self._touch_run()
-                    step = steps.insert_step(self.run, name, rpc_name, data(now), retries=0)
-                    if status != "pending":
-                        steps.filter(pk=step.pk, status="pending").update(status=status)
-                        _write_attempt(self._using, step.pk, step.attempt, status)
-                        step.status = status
+                step = in_transaction(self._using, write)
             except (IntegrityError, InvalidArgumentError):
                 # Another pass created it first ("already a step of run"): replay it as stored.
                 step = steps.filter(run_id=self.run_id, step_name=name).first()
@@ -350,7 +319,7 @@ class WaitsMixin:
         written = waiting.update(status=status, result=result, error=error, updated_at=DbNow())
         if not written:
             raise Stop(f"step {step.step_name!r} was ended elsewhere")
-        _write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)
+        write_attempt(self._using, step.pk, step.attempt, status, result=result, error=error, **stamp)
         step.status, step.result, step.error = status, result, error
 
     def _stop_unless_waiting(self, step: WorkflowStep) -> None:
@@ -389,7 +358,7 @@ class WaitsMixin:
                 .update(status="failed", error=error, lease_expires_at=None, updated_at=DbNow())
             )
             if fenced:
-                _write_attempt(self._using, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
+                write_attempt(self._using, step.pk, step.attempt, "failed", error=error, failed_at=DbNow())
             raise
 
 

@@ -104,3 +104,21 @@ def fan_parent(ctx: Any, input: dict[str, Any]) -> Any:
     except StepFailedError as error:
         return {"failed": error.error.get("message")}
     return {"outputs": outputs}
+
+
+def add_one(value: int) -> int:
+    return value + 1
+
+
+@workflow("test.fan_mix")
+def fan_mix(ctx: Any, input: dict[str, Any]) -> Any:
+    """
+    Every kind of fan-out and wait in one run: ``ctx.map`` of ``input["n"]``
+    items (each retried never, as every item is), a child run, a short
+    sleep, a second map ``input["max_parallel"]`` at a time, a last step.
+    """
+    first = ctx.map("first", add_one, list(range(input["n"])))
+    child = ctx.workflow("child", "test.double", sum(first))
+    ctx.sleep("nap", input.get("nap_ms", 20))
+    second = ctx.map("second", add_one, first, max_parallel=input.get("max_parallel"))
+    return {"child": child, "sum": ctx.step("sum", _total, second)}

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from pikku_django.models import Lease
+from pikku_django.tasks import set_progress
 from pikku_django.tasks.compat import TaskContext, task
 from testproject.testing.models import PassRecord, StepCall
 
@@ -67,6 +68,24 @@ def note(context: TaskContext[..., Any], label: str) -> str:
 def nap(ms: int) -> None:
     """Waits ``ms`` milliseconds, writing nothing (as a task waiting on the network would)."""
     time.sleep(ms / 1000)
+
+
+@task(takes_context=True)
+def noted_nap(context: TaskContext[..., Any], label: str, ms: int) -> str:
+    """Records that it started, then waits ``ms`` milliseconds."""
+    _record(context, label)
+    time.sleep(ms / 1000)
+    return label
+
+
+@task(takes_context=True)
+def noted_wait(context: TaskContext[..., Any], label: str, path: str) -> str:
+    """Records that it started, then waits until a file exists at ``path`` (for at most 60 s)."""
+    _record(context, label)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return label
 
 
 @task(takes_context=True)
@@ -139,6 +158,23 @@ def block_without_losses(context: TaskContext[..., Any]) -> str:
         time.sleep(0.05)
 
 
+@task(backend="no_losses", takes_context=True)
+def note_without_losses(context: TaskContext[..., Any], label: str) -> str:
+    """Records that it ran, on a backend whose tasks outlive no lost worker."""
+    _record(context, label)
+    return label
+
+
+@task(backend="no_losses", takes_context=True)
+def block_first_without_losses(context: TaskContext[..., Any]) -> str:
+    """Blocks for good on its first call (until its worker is killed); later calls return."""
+    first = not StepCall.objects.filter(run_id=uuid.UUID(context.task_result.id)).exists()
+    _record(context, "block")
+    while first:
+        time.sleep(0.05)
+    return "done"
+
+
 @task(takes_context=True)
 def kill_first_worker(context: TaskContext[..., Any]) -> str:
     """SIGKILLs its own worker on its first attempt (retries 0: only the loss budget saves it)."""
@@ -162,3 +198,11 @@ def hold_until(context: TaskContext[..., Any], path: str) -> str:
     while context.attempt == 1 and not os.path.exists(path):
         time.sleep(0.02)
     return f"attempt {context.attempt}"
+
+
+@task()
+def counts_up(to: int) -> int:
+    """Reports its progress after each number (``pikku_django.tasks.set_progress``)."""
+    for i in range(1, to + 1):
+        set_progress({"done": i, "of": to})
+    return to

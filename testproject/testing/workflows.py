@@ -59,6 +59,15 @@ def blocker(ctx: Any, input: dict[str, Any]) -> Any:
     return {"block": first}
 
 
+@workflow("test.thinks_between_steps")
+def thinks_between_steps(ctx: Any, input: dict[str, Any]) -> Any:
+    """Step "a", then ``think_s`` seconds of the workflow's own code, then step "b"."""
+    first = ctx.step("a", record_call, str(ctx.run_id), "a")
+    time.sleep(input["think_s"])
+    second = ctx.step("b", record_call, str(ctx.run_id), "b")
+    return {"a": first, "b": second}
+
+
 def kill_my_worker(run_id: str) -> None:
     record_call(run_id, "kill")
     os.kill(os.getpid(), signal.SIGKILL)
@@ -151,6 +160,18 @@ def times_two(value: int) -> int:
 @workflow("test.double")
 def double(ctx: Any, input: int) -> Any:
     return ctx.step("double", times_two, input)
+
+
+@workflow("test.keyed_parent")
+def keyed_parent(ctx: Any, input: dict[str, Any]) -> Any:
+    """A child run of ``test.double`` under the flow-control key ``input["key"]``."""
+    return ctx.workflow("child", "test.double", input["value"], key=input["key"])
+
+
+@workflow("test.echo_input")
+def echo_input(ctx: Any, input: Any) -> Any:
+    """Returns its input: what a debounced run was given."""
+    return input
 
 
 @workflow("test.fails")
@@ -271,5 +292,7 @@ def catches_around(ctx: Any, input: dict[str, Any]) -> Any:
     return "charged"
 
 
-# The fan-out tests' workflows live apart; importing them registers them.
+# The fan-out, safe-deploy and emit tests' workflows live apart; importing them registers them.
+from testproject.testing import deploy_workflows as deploy_workflows  # noqa: E402
+from testproject.testing import emits_workflows as emits_workflows  # noqa: E402
 from testproject.testing import fanout_workflows as fanout_workflows  # noqa: E402

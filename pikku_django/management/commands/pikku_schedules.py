@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from pikku_django import schedules
 from pikku_django.errors import ScheduleNotFoundError
 from pikku_django.models import WorkflowSchedule
-from pikku_django.schedule_report import describe
+from pikku_django.schedules.report import describe
 
 
 class Command(BaseCommand):
@@ -51,24 +51,7 @@ class Command(BaseCommand):
         schedules.sync(using=database)
         try:
             if trigger is not None:
-                row = schedules.trigger(trigger, using=database)
-                run = None if row.run_id is None else str(row.run_id)
-                if json:
-                    self.stdout.write(
-                        _dumps(
-                            {
-                                "schedule": trigger,
-                                "tick_at": row.scheduled_at.isoformat(),
-                                "run": run,
-                                "task_result_id": row.task_result_id or None,
-                            }
-                        )
-                    )
-                elif verbosity:
-                    started = f"run {run}" if run else f"task {row.task_result_id}"
-                    self.stdout.write(
-                        f"Triggered {trigger}: a manual tick at {row.scheduled_at.isoformat()}, {started}."
-                    )
+                self._trigger(trigger, database, verbosity=verbosity, as_json=json)
                 return
             for name, change, done, already in (
                 (pause, schedules.pause, "Paused", "was paused already"),
@@ -83,11 +66,36 @@ class Command(BaseCommand):
                     return
         except ScheduleNotFoundError as e:
             raise CommandError(str(e)) from None
+        self._list(database, verbosity=verbosity, as_json=json)
+
+    def _trigger(self, name: str, database: str | None, *, verbosity: int, as_json: bool) -> None:
+        """Record a manual tick of the schedule ``name`` now, and report the run or task it started."""
+        row = schedules.trigger(name, using=database)
+        run = None if row.run_id is None else str(row.run_id)
+        if as_json:
+            self.stdout.write(
+                _dumps(
+                    {
+                        "schedule": name,
+                        "tick_at": row.scheduled_at.isoformat(),
+                        "run": run,
+                        "task_result_id": row.task_result_id or None,
+                    }
+                )
+            )
+        elif verbosity:
+            started = f"run {run}" if run else f"task {row.task_result_id}"
+            self.stdout.write(
+                f"Triggered {name}: a manual tick at {row.scheduled_at.isoformat()}, {started}."
+            )
+
+    def _list(self, database: str | None, *, verbosity: int, as_json: bool) -> None:
+        """List the schedules, each with its next ticks and its last one."""
         listed = [
             describe(schedule)
             for schedule in WorkflowSchedule.objects.db_manager(database).get_queryset().with_latest()
         ]
-        if json:
+        if as_json:
             self.stdout.write(_dumps(listed))
             return
         if not listed:
@@ -95,25 +103,23 @@ class Command(BaseCommand):
                 self.stdout.write("No schedules: PIKKU_SCHEDULES is empty.")
             return
         for entry in listed:
-            last = entry["last_tick"]
-            if last is None:
-                last_text = "never"
-            else:
-                outcome = (
-                    f"skipped ({last['skipped']})"
-                    if last["skipped"]
-                    else (
-                        f"run {last['run_status'] or 'pruned'}"
-                        if last["task_result_id"] is None
-                        else "task enqueued"
-                    )
-                )
-                last_text = f"{last['at']}{' manual' if last['manual'] else ''}, {outcome}"
             upcoming = ", ".join(entry["next_ticks"]) or "-"
             self.stdout.write(
                 f"{entry['name']}: {entry['target']}, {entry['cron']!r} in {entry['timezone']}, "
-                f"{entry['state']}; next {upcoming}; last {last_text}"
+                f"{entry['state']}; next {upcoming}; last {_last_tick_text(entry['last_tick'])}"
             )
+
+
+def _last_tick_text(last: dict[str, Any] | None) -> str:
+    """A schedule's last tick as the listing shows it: when, whether manual, and what came of it."""
+    if last is None:
+        return "never"
+    outcome = (
+        f"skipped ({last['skipped']})"
+        if last["skipped"]
+        else (f"run {last['run_status'] or 'pruned'}" if last["task_result_id"] is None else "task enqueued")
+    )
+    return f"{last['at']}{' manual' if last['manual'] else ''}, {outcome}"
 
 
 def _dumps(value: Any) -> str:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import signal
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -15,11 +13,12 @@ from django.db import DatabaseError
 
 from pikku_django.conf import conf
 from pikku_django.errors import DatabaseNotMigratedError
-from pikku_django.loops import Poller
 from pikku_django.management.arguments import interval, positive_int, seconds
 from pikku_django.management.logs import configure_logging
 from pikku_django.outages import is_schema_error
 from pikku_django.sweep import SweepReport, sweep
+from pikku_django.worker.loops import SweepLoop
+from pikku_django.worker.poller import Poller
 
 
 class Command(BaseCommand):
@@ -90,19 +89,20 @@ class Command(BaseCommand):
             elif verbosity:
                 self.stdout.write(sweep_report.summary())
 
-        one_pass = functools.partial(
-            sweep,
-            stalled_after_ms=stalled_after_ms,
-            limit=limit,
-            prune_limit=prune_limit,
-            dry_run=dry_run,
-            using=database,
-        )
+        options = {
+            "stalled_after_ms": stalled_after_ms,
+            "limit": limit,
+            "prune_limit": prune_limit,
+            "dry_run": dry_run,
+            "using": database,
+        }
         try:
             if not loop:
-                report(one_pass())
+                report(sweep(**options))
                 return
-            sweeper = SweepLoop("pikku_sweep --loop", interval=interval, sweep=one_pass, report=report)
+            sweeper = SweepLoop(
+                name="pikku_sweep --loop", interval=interval, options=options, report=report, prune_every=0
+            )
             self._install_signal_handlers(sweeper)
             # A loop outlives a database restart: the poller waits it out.
             sweeper.run()
@@ -119,31 +119,6 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-
-
-class SweepLoop(Poller):
-    """``pikku_sweep --loop``: a sweep pass every ``--interval`` seconds, reported as it goes."""
-
-    wakes = False
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        interval: float,
-        sweep: Callable[[], SweepReport],
-        report: Callable[[SweepReport], None],
-    ) -> None:
-        super().__init__(name, interval=interval)
-        self._sweep = sweep
-        self._report = report
-
-    def poll(self) -> bool:
-        self._report(self._sweep())
-        return False
-
-    def teardown(self) -> None:
-        """The command's own thread keeps its connections."""
 
 
 def _json_dumps(value: Any) -> str:

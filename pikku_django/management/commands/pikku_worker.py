@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import Any
 
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import autoreload
 
-from pikku_django.errors import DatabaseNotMigratedError, DatabaseUnavailableError, WorkerAbortedError
+from pikku_django.errors import (
+    DatabaseMissingError,
+    DatabaseNotMigratedError,
+    DatabaseUnavailableError,
+    WorkerAbortedError,
+    WorkerNameTakenError,
+)
 from pikku_django.management.arguments import holder_name, interval, positive_int, queue_names
 from pikku_django.management.logs import configure_logging
-from pikku_django.worker import Worker, WorkerNameTakenError
+from pikku_django.management.startup import wait_for_database
+from pikku_django.worker import Worker
+
+RELOAD_HELP = (
+    "Restart the worker when the project's Python code changes, as runserver does (development "
+    "only: a restart abandons the steps in hand, which run again as new attempts)."
+)
 
 
 class Command(BaseCommand):
@@ -83,6 +97,7 @@ class Command(BaseCommand):
             "--no-schedules", action="store_true", help="Don't fire schedules in this process."
         )
         parser.add_argument("--database", default=None, help="Database alias (default: routers decide).")
+        parser.add_argument("--reload", action="store_true", help=RELOAD_HELP)
 
     def handle(
         self,
@@ -99,22 +114,40 @@ class Command(BaseCommand):
         sweep_interval: float,
         no_sweep: bool,
         no_schedules: bool,
+        reload: bool = False,
         **options: Any,
     ) -> None:
         configure_logging(self.stderr, verbosity)
-        worker = Worker(
-            holder=holder,
-            interval=interval,
-            batch=batch,
-            once=once,
-            max_runs=max_runs,
-            using=database,
-            queues=None if queues is None else [name for names in queues for name in names],
-            concurrency=concurrency,
-            sweep_interval=None if no_sweep else sweep_interval,
-            schedules=not no_schedules,
-        )
-        worker.install_signal_handlers()
+        worker_options: dict[str, Any] = {
+            "holder": holder,
+            "interval": interval,
+            "batch": batch,
+            "once": once,
+            "max_runs": max_runs,
+            "using": database,
+            "queues": None if queues is None else [name for names in queues for name in names],
+            "concurrency": concurrency,
+            "sweep_interval": None if no_sweep else sweep_interval,
+            "schedules": not no_schedules,
+        }
+        if reload:
+            # Django's runserver reloader: the worker runs in a thread of a
+            # child process that exits, and is started anew, on a change.
+            autoreload.run_with_reloader(self.work, worker_options, verbosity)
+            return
+        self.work(worker_options, verbosity)
+
+    def work(self, worker_options: dict[str, Any], verbosity: int) -> None:
+        """Wait for the database, then drive runs until stopped."""
+        worker = Worker(**worker_options)
+        if threading.current_thread() is threading.main_thread():
+            # Under --reload the reloader owns the signals (SIGTERM exits at once).
+            worker.install_signal_handlers()
+        try:
+            if not wait_for_database(worker.using, stopping=worker.stopping, once=worker.once):
+                return
+        except (DatabaseMissingError, DatabaseNotMigratedError, DatabaseUnavailableError) as error:
+            raise CommandError(str(error), returncode=1) from None
         if verbosity:
             self.stdout.write(f"pikku_worker {worker.holder} ready", ending="\n")
             self.stdout.flush()

@@ -18,6 +18,15 @@ from pikku_django.management.arguments import positive_int
 from pikku_django.models import WorkflowRun, WorkflowStepAttempt
 from pikku_django.workflows import start_workflow
 
+#: The demo's last lines: where to look next.
+WHERE_NEXT = """
+Where next: see these runs, their steps and attempts in the admin:
+  .venv/bin/python manage.py createsuperuser
+  .venv/bin/python manage.py runserver
+  then open http://127.0.0.1:8000/admin/pikku_django/workflowrun/ and log in.
+The demo's workflow is testproject/demo/workflows.py; the README's "Your first
+project" puts pikku_django into a project of your own."""
+
 
 class Command(BaseCommand):
     help = "Start a few demo order runs, drive them with pikku_worker processes, and show what happened."
@@ -68,6 +77,7 @@ class Command(BaseCommand):
         if failed:
             raise CommandError(f"{failed} of {runs} runs did not complete.")
         self.stdout.write(self.style.SUCCESS(f"All {runs} runs completed."))
+        self.stdout.write(WHERE_NEXT)
 
     def _wait(self, started: list[Any], timeout: int) -> bool:
         deadline = time.monotonic() + timeout
