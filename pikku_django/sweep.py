@@ -24,7 +24,7 @@ from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.base import write_alias
-from pikku_django.managers.runs import not_queued
+from pikku_django.managers.run_queries import not_queued
 from pikku_django.models import (
     Lease,
     LeaseTokenFloor,

@@ -17,7 +17,8 @@ from pikku_django.managers.base import (
     serialize_error,
 )
 from pikku_django.managers.leases import LeaseManager, LeaseQuerySet
-from pikku_django.managers.runs import WorkflowRunManager, WorkflowRunQuerySet
+from pikku_django.managers.run_queries import WorkflowRunQuerySet
+from pikku_django.managers.runs import WorkflowRunManager
 from pikku_django.managers.signals import WorkflowSignalManager, WorkflowSignalQuerySet
 from pikku_django.managers.steps import WorkflowStepManager, WorkflowStepQuerySet
 from pikku_django.sql.cursors import now_params

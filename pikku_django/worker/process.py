@@ -26,7 +26,7 @@ from pikku_django.errors import (
 )
 from pikku_django.leases import default_holder
 from pikku_django.managers.base import write_alias
-from pikku_django.managers.runs import WorkflowRunQuerySet
+from pikku_django.managers.run_queries import WorkflowRunQuerySet
 from pikku_django.models import WorkflowRun
 from pikku_django.outages import ONCE_GIVES_UP_AFTER_S, OUTAGE_ERRORS, Outage, raise_if_not_migrated
 from pikku_django.schedules import tick
