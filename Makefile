@@ -45,7 +45,7 @@ lint: $(PY)
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
-# Not in CI yet (see DEVELOPERS.md).
+# CI runs it too (.ci/run's checks); `ruff format .` fixes what it shows.
 format-check: $(PY)
 	$(VENV)/bin/ruff format --check .
 
