@@ -28,6 +28,7 @@ SETTING_CHECK_IDS: dict[str, str] = {
     "PIKKU_UNDISPATCHED_AFTER_MS": "pikku_django.E005",
     "PIKKU_LEASE_PRUNE_AFTER_MS": "pikku_django.E006",
     "PIKKU_MAX_JSON_BYTES": "pikku_django.E008",
+    "PIKKU_TAKE_AHEAD_BELOW_MS": "pikku_django.E009",
     "PIKKU_TIMEOUT_GRACE_MS": "pikku_django.E041",
     "PIKKU_TIMEOUT_MAX_ABANDONED": "pikku_django.E042",
 }

@@ -28,6 +28,8 @@ DEFAULTS: dict[str, int] = {
     "PIKKU_TIMEOUT_GRACE_MS": 5_000,
     # Threads of timed-out attempts that ignored it a worker keeps running before it stops.
     "PIKKU_TIMEOUT_MAX_ABANDONED": 8,
+    # A pass at most this short lets its lane's next take take several due runs at once (0: never).
+    "PIKKU_TAKE_AHEAD_BELOW_MS": 5,
 }
 
 _DAY_MS = 24 * 3600 * 1000
@@ -46,7 +48,7 @@ RETENTION_DEFAULTS: dict[str, int | None] = {
 MAX_QUEUE_CONCURRENCY = 1000
 
 #: Settings that may be zero (every other one must be > 0).
-ZERO_ALLOWED = frozenset({"PIKKU_STEP_RETRIES", "PIKKU_TIMEOUT_GRACE_MS"})
+ZERO_ALLOWED = frozenset({"PIKKU_STEP_RETRIES", "PIKKU_TIMEOUT_GRACE_MS", "PIKKU_TAKE_AHEAD_BELOW_MS"})
 
 
 class Settings:
@@ -101,6 +103,10 @@ class Settings:
     @property
     def TIMEOUT_MAX_ABANDONED(self) -> int:  # noqa: N802
         return int(self._get("PIKKU_TIMEOUT_MAX_ABANDONED"))
+
+    @property
+    def TAKE_AHEAD_BELOW_MS(self) -> int:  # noqa: N802
+        return int(self._get("PIKKU_TAKE_AHEAD_BELOW_MS"))
 
     @property
     def QUEUES(self) -> dict[str, dict[str, Any]]:  # noqa: N802

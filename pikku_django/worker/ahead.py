@@ -33,9 +33,6 @@ logger = logging.getLogger("pikku_django.worker")
 
 #: The most runs a lane takes in one commit (``how_many``).
 TAKE_AHEAD = 8
-#: A pass this short (seconds, from its start to its outcome held) lets the
-#: lane's next take take runs ahead.
-SHORT_PASS_S = 0.005
 
 
 def how_many(lane: Lane, due: int) -> int:
@@ -101,7 +98,8 @@ def timed_drive(lane: Lane, took: Take, hold: bool, *, ahead: bool = False) -> N
     lane.drive(
         took.run, lease=took.lease, claimed=took.claimed, hold=hold, steps=took.steps, taken_ahead=ahead
     )
-    lane.short = time.monotonic() - started < SHORT_PASS_S
+    # A pass this short (from its start to its outcome held) lets the lane's next take take runs ahead.
+    lane.short = (time.monotonic() - started) * 1000 < conf.TAKE_AHEAD_BELOW_MS
 
 
 class RunsAhead:

@@ -66,7 +66,7 @@ class Lane(Poller):
         self.phase = self.interval * index / worker.concurrency
         #: The outcomes this lane holds for its next take.
         self.held = HeldOutcomes()
-        #: Whether its last pass was short (``runs_ahead.SHORT_PASS_S``).
+        #: Whether its last pass was short (``PIKKU_TAKE_AHEAD_BELOW_MS``).
         self.short = False
         #: How many more runs ``run_batch`` may drive (None outside it).
         self.room: int | None = None

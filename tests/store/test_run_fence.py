@@ -10,11 +10,10 @@ database, stopped at a chosen point by an event handshake.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
-from django.db import connection, connections
+from django.db import connection
 from django.test import TransactionTestCase
 
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
@@ -22,6 +21,7 @@ from pikku_django.sweep import sweep
 from pikku_django.workflows import run_workflow, runner, send_signal, start_workflow, workflow
 from pikku_django.workflows.waits import SLEEP_RPC
 from tests.support.factories import lapse, lapse_step
+from tests.support.threads import in_thread
 
 #: Threads (by name) that stop at ``gate()`` until released.
 GATED: dict[str, tuple[threading.Event, threading.Event]] = {}
@@ -104,18 +104,6 @@ def interrupts() -> None:
 @workflow("fence.exits")
 def exiting(ctx: Any, input: Any) -> Any:
     return ctx.step("bye", exits if input == "exit" else interrupts)
-
-
-def in_thread(name: str, target: Callable[[], Any]) -> threading.Thread:
-    def body() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=body, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 class RunFenceTests(TransactionTestCase):

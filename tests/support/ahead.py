@@ -11,14 +11,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from django.db import connections
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 
 from pikku_django.models import WorkflowStep, WorkflowStepAttempt
 from pikku_django.worker import Worker
-from pikku_django.worker import ahead as worker_ahead
 from testproject.testing import tasks
 from tests.support.children import poll_until
 
@@ -74,7 +72,7 @@ class LongRunInHand(TransactionTestCase):
         def run() -> object:
             # The window is as it is: a run taken ahead whose pass starts
             # after it is checked against the run's state again.
-            with mock.patch.object(worker_ahead, "SHORT_PASS_S", 3600):
+            with override_settings(PIKKU_TAKE_AHEAD_BELOW_MS=3_600_000):
                 return worker.run_batch()
 
         return run

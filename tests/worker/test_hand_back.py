@@ -110,7 +110,7 @@ class HandBackTests(LongRunInHand):
         worker = Worker(holder="w-held-up", concurrency=1, interval=0.01, sweep_interval=60)
 
         def run() -> None:
-            with mock.patch.multiple("pikku_django.worker.ahead", SHORT_PASS_S=3600):
+            with override_settings(PIKKU_TAKE_AHEAD_BELOW_MS=3_600_000):
                 worker.run()
 
         def stop() -> None:

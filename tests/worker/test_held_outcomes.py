@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
-from unittest import mock
 
 from django.db.models import F
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.sweep import sweep
 from pikku_django.tasks.compat import TaskResultStatus
 from pikku_django.worker import Worker
-from pikku_django.worker import ahead as worker_ahead
 from testproject.testing import tasks
 from tests.support.commits import LONE_TASK_COMMITS, counting_commits
 from tests.support.factories import lapse, lapse_step
@@ -55,7 +53,7 @@ class HeldOutcomeTests(TransactionTestCase):
         results = [tasks.add.enqueue(i, 1) for i in range(TASKS)]
         # Every pass counts as long: no take takes runs ahead (test_take_ahead.py).
         worker = Worker(holder="w-held", concurrency=1, batch=TASKS, interval=0.01)
-        with counting_commits() as counter, mock.patch.object(worker_ahead, "SHORT_PASS_S", 0):
+        with counting_commits() as counter, override_settings(PIKKU_TAKE_AHEAD_BELOW_MS=0):
             assert worker.run_batch() == TASKS
         # Each take carries the outcome before it; the last outcome goes alone.
         assert counter.commits == TASKS + 1, counter.report()

@@ -8,7 +8,8 @@ starts, so a long run before them costs them time, never an attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
@@ -31,9 +32,14 @@ from tests.support.commits import counting_commits
 TASKS = 10
 
 
-def every_pass_short() -> Any:
+@contextmanager
+def every_pass_short() -> Iterator[None]:
     """Every pass counts as short and no held outcome as old: the lane takes ahead whenever it may."""
-    return mock.patch.multiple(worker_ahead, SHORT_PASS_S=3600, HOLD_WINDOW_S=3600)
+    with (
+        override_settings(PIKKU_TAKE_AHEAD_BELOW_MS=3_600_000),
+        mock.patch.object(worker_ahead, "HOLD_WINDOW_S", 3600),
+    ):
+        yield
 
 
 class TakeAheadTests(LongRunInHand, TransactionTestCase):
@@ -174,7 +180,7 @@ class TakeAheadTests(LongRunInHand, TransactionTestCase):
         def run() -> None:
             # Every pass counts as short: the second take takes the long run
             # ahead, behind the short one whose outcome it then holds.
-            with mock.patch.object(worker_ahead, "SHORT_PASS_S", 3600):
+            with override_settings(PIKKU_TAKE_AHEAD_BELOW_MS=3_600_000):
                 worker.run()
 
         def stop() -> None:

@@ -7,15 +7,14 @@ run, and copied by a fork with the steps taken after them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
 from django.test import TransactionTestCase
 
 from pikku_django.models import WorkflowPatch, WorkflowRun, WorkflowStep
 from pikku_django.workflows import fork_workflow, run_workflow, start_workflow, workflow
 from tests.support.factories import lapse
+from tests.support.threads import in_thread
 
 #: Per thread name, the events of its stop before ``ctx.patched``: (reached, release).
 GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
@@ -46,18 +45,6 @@ def step_then_patch(ctx: Any, input: Any) -> Any:
     path = "new" if ctx.patched("later") else "old"
     ctx.sleep("nap", (input or {}).get("sleep_ms", 60_000))
     return {"first": first, "path": ctx.step(path, noop, path)}
-
-
-def in_thread(name: str, target: Callable[[], Any]) -> threading.Thread:
-    def body() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=body, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 class MarkerRaceTests(TransactionTestCase):
