@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from pikku_django.clock import EpochMs
 from pikku_django.conf import conf
-from pikku_django.models import Lease, WorkflowRun, WorkflowStepAttempt
+from pikku_django.models import Lease, WorkflowRun, WorkflowStepAttempt, WorkflowWorker
+from pikku_django.sql.names import names_held
 
 __all__ = ["DURATION_BUCKETS_S", "START_DELAY_BUCKETS_S", "PikkuCollector", "metrics_view"]
 
@@ -39,15 +40,14 @@ START_DELAY_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 #: Upper bounds of the step-duration histogram's buckets, in seconds (+Inf last).
 DURATION_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 
-#: The run lease's key prefix: its holders are workers' lanes ("name" or "name/N").
-RUN_LEASE_PREFIX = "workflow-run:"
-
 
 class PikkuCollector(Collector):
     """Every ``pikku_*`` metric, read from the database ``using`` (the router's for runs by default)."""
 
     def __init__(self, using: str | None = None) -> None:
         self.using = using or router.db_for_read(WorkflowRun)
+        # Workers' name locks live on the database they write to, not on a replica.
+        self.locks = using or router.db_for_write(WorkflowWorker)
 
     def collect(self) -> Iterator[Metric]:
         now = Lease.objects.db_manager(self.using).db_now_ms()
@@ -62,7 +62,7 @@ class PikkuCollector(Collector):
             by_status.add_metric([queue, status], count)
         yield by_status
         yield self._oldest_due(runs, now, queues)
-        yield self._workers_live(now)
+        yield self._workers_live()
         yield self._start_delays(runs)
         yield self._step_durations(attempts)
         yield from self._attempts(attempts)
@@ -84,20 +84,12 @@ class PikkuCollector(Collector):
             oldest.add_metric([queue], 0.0 if wake_at is None else max(now - wake_at, 0) / 1000)
         return oldest
 
-    def _workers_live(self, now: int) -> Metric:
-        # A worker's lanes hold run leases as "name" and "name/N": one worker.
-        holders = (
-            Lease.objects.using(self.using)
-            .filter(key__startswith=RUN_LEASE_PREFIX, expires_at__gt=now)
-            .order_by()
-            .values_list("holder", flat=True)
-            .distinct()
-        )
-        names = {
-            holder.rsplit("/", 1)[0] if holder.rpartition("/")[2].isdigit() else holder for holder in holders
-        }
+    def _workers_live(self) -> Metric:
+        # A worker lives while it holds its name's lock; its row says who it is.
+        holders = WorkflowWorker.objects.using(self.using).values_list("holder", flat=True)
+        live = names_held(self.locks, holders)
         return GaugeMetricFamily(
-            "pikku_workers_live", "Worker processes holding a live run lease now.", value=len(names)
+            "pikku_workers_live", "Worker processes running now (holding their name's lock).", value=len(live)
         )
 
     def _start_delays(self, runs: QuerySet[WorkflowRun]) -> Metric:
@@ -170,12 +162,6 @@ def _histogram(
         buckets.append(("+Inf", row["n"]))
         family.add_metric([key], buckets, (row["total"] or 0) / 1000)
     return family
-
-
-def _worker_name(holder: str) -> str:
-    """The worker of a lane's holder name: "name" for "name/N"."""
-    name, _, lane = holder.rpartition("/")
-    return name if name and lane.isdigit() else holder
 
 
 def _bound(value: float) -> str:

@@ -31,13 +31,12 @@ from pikku_django.models.schedules import (
     WorkflowScheduleSetting,
     WorkflowScheduleTick,
 )
-from pikku_django.models.workers import QUIET_AFTER_MS, WorkflowWorker
+from pikku_django.models.workers import WorkflowWorker
 
 __all__ = [
     "DEFAULT_QUEUE",
     "MAX_QUEUE_LENGTH",
     "MAX_SCHEDULE_NAME_LENGTH",
-    "QUIET_AFTER_MS",
     "CatchUp",
     "ExactCharField",
     "FanOutKind",

@@ -1,19 +1,21 @@
 """
-Live worker processes (re-exported by ``pikku_django.models``): one
+Worker processes (re-exported by ``pikku_django.models``): one
 ``WorkflowWorker`` row per ``pikku_worker`` process, written by its
-heartbeat every few seconds (``worker.beat``) and removed when it stops.
+heartbeat when what it says changes (``worker.beat``) and removed when it
+stops. Whether its worker lives is told by the lock on its name
+(``sql.names.names_held``), not by the row.
 """
 
 from __future__ import annotations
 
 from django.db import models
 
-#: A worker not seen for this long on the database clock is flagged as gone quiet (killed, or hung).
-QUIET_AFTER_MS = 15_000
-
 
 class WorkflowWorker(models.Model):
-    """A worker process as its last heartbeat left it; times in epoch ms on the database clock."""
+    """
+    A worker process as its heartbeat last wrote it; times in epoch ms on
+    the database clock (``seen_at``: when the row was last written).
+    """
 
     holder = models.CharField(max_length=255, unique=True)
     host = models.CharField(max_length=255, blank=True, default="")

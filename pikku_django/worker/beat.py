@@ -1,8 +1,10 @@
 """
-The worker's heartbeat (``store.workers``): every ``BEAT_S`` one short
-transaction writes the process's row for the admin's Workers page, reads
-which queues are paused, and logs a pause or a resume of a queue this
-worker drives. It writes nothing per task.
+The worker's heartbeat (``store.workers``): every ``BEAT_S`` it reads which
+queues are paused and logs a pause or a resume of a queue this worker
+drives, and writes the process's row for the admin's Workers page only when
+what the row says changed (its first beat; runs in hand, say). Whether the
+worker lives is told by the lock on its name, not by the row: an idle
+worker commits nothing after its first beat.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two heartbeats of a worker (well inside ``QUIET_AFTER_MS``).
+#: Seconds between two heartbeats of a worker (how soon a pause is logged, or runs in hand shown).
 BEAT_S = 5.0
 
 
@@ -35,23 +37,25 @@ class BeatLoop(Poller):
         super().__init__("pikku-beat", stop=worker.stopping)
         self.worker = worker
         self.paused: frozenset[str] = frozenset()
+        #: What this process last wrote of itself (None: nothing yet).
+        self.written: Beat | None = None
 
     def poll(self) -> bool:
         worker = self.worker
-        in_hand = sum(1 for lane in worker.lanes if not lane.idle) + sum(
+        # A lane that has not looked yet holds nothing (its idle flag is not set before its first look).
+        in_hand = sum(1 for lane in worker.lanes if lane.polled and not lane.idle) + sum(
             len(lane.ahead) for lane in worker.lanes
         )
-        paused = beat(
-            worker.using,
-            Beat(
-                holder=worker.holder,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                lanes=worker.concurrency,
-                queues=",".join(worker.queues or ()),
-                runs_in_hand=in_hand,
-            ),
+        now = Beat(
+            holder=worker.holder,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            lanes=worker.concurrency,
+            queues=",".join(worker.queues or ()),
+            runs_in_hand=in_hand,
         )
+        paused = beat(worker.using, now, self.written)
+        self.written = now
         self.log_changes(paused)
         return False
 

@@ -18,7 +18,10 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from pikku_django.models import Lease, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.sql.names import NameLock
+from pikku_django.store.workers import Beat, beat
 from pikku_django.workflows import run_workflow, start_workflow
+from tests.support.children import poll_until
 from tests.support.factories import lapse_step
 
 URL = "/pikku/metrics/"
@@ -91,11 +94,22 @@ class MetricsTests(TransactionTestCase):
             assert [value for _, value in buckets] == sorted(value for _, value in buckets)
             assert buckets[-1][1] == n
 
-    def test_live_workers_are_the_holders_of_live_run_leases(self) -> None:
-        for holder in ("w1", "w1/2", "w2"):
-            Lease.objects.acquire(f"workflow-run:{holder}", holder, 60_000)
-        Lease.objects.acquire("report:1", "not-a-worker", 60_000)
-        assert samples(self.scrape())["pikku_workers_live"][()] == 2
+    def test_live_workers_are_the_rows_whose_names_are_held(self) -> None:
+        # Idle or busy, a worker counts while it holds its name; a row left
+        # by a killed one does not, nor does a run lease's holder.
+        for holder in ("w1", "w2", "killed"):
+            beat("default", Beat(holder=holder, host="h", pid=1, lanes=1, queues="", runs_in_hand=0))
+        Lease.objects.acquire("workflow-run:x", "w3", 60_000)
+        locks = [NameLock(connection.alias, name) for name in ("w1", "w2", "w3")]
+        try:
+            assert all(lock.acquire() for lock in locks)
+            assert samples(self.scrape())["pikku_workers_live"][()] == 2
+            locks[0].release()
+            # The server ends the lock's session right after it is closed.
+            poll_until(lambda: samples(self.scrape())["pikku_workers_live"][()] == 1, timeout=5)
+        finally:
+            for lock in locks:
+                lock.release()
 
     def test_a_scrape_reads_the_same_number_of_queries_however_many_runs(self) -> None:
         self.some_runs()

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.worker import Worker
 from pikku_django.workflows import run_workflow, start_workflow
 from tests.support.factories import lapse_step
 
@@ -77,6 +78,21 @@ class OpenTelemetryTests(TransactionTestCase):
         assert first.parent is not None and first.parent.span_id == enqueue.context.span_id
         assert retry.parent is not None and retry.parent.span_id == the_pass.context.span_id
         assert [link.context.span_id for link in retry.links] == [enqueue.context.span_id]
+
+    def test_a_workers_first_attempt_is_a_child_of_the_enqueue_span(self) -> None:
+        # Taken by a worker's lane (its take returns the run and its stored context), not run inline.
+        run = start_workflow("test.steps", {"steps": 2})
+        enqueue = only(spans("pikku enqueue"))
+        assert Worker(holder="w-otel", once=True).run() == 1
+        the_pass = only(spans("pikku pass"))
+        assert the_pass.parent is not None and the_pass.parent.span_id == enqueue.context.span_id
+        steps = spans("pikku step")
+        assert len(steps) == 2
+        for step in steps:
+            assert dict(step.attributes or {})["pikku.step.attempt"] == 1
+            assert dict(step.attributes or {})["pikku.run.id"] == str(run.pk)
+            assert step.parent is not None and step.parent.span_id == enqueue.context.span_id
+            assert step.context.trace_id == enqueue.context.trace_id and not step.links
 
     def test_a_lost_worker_is_an_event(self) -> None:
         run = start_workflow("test.steps", {"steps": 1})
