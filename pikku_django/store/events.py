@@ -26,6 +26,12 @@ from pikku_django.sql.notify import announce_results
 
 T = TypeVar("T")
 
+#: The ``rpc_name`` of a ``ctx.set_event`` step; ``data["key"]`` is the event's key, its result the value.
+EVENT_RPC = "pikku.event"
+
+#: The ``rpc_name`` of a ``ctx.publish`` step; ``data["stream"]`` is the stream, its result the item's offset.
+PUBLISH_RPC = "pikku.publish"
+
 #: How many times a write that raced another writer to a key or an offset is sent in all.
 RACE_TRIES = 8
 
@@ -102,6 +108,8 @@ def publish_of_attempt(alias: str, run_id: Any, step_id: Any, attempt: int, stre
 
 
 __all__ = [
+    "EVENT_RPC",
+    "PUBLISH_RPC",
     "append_item",
     "fenced_write",
     "hold_attempt",

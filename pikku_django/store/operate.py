@@ -34,12 +34,12 @@ from pikku_django.models import (
     WorkflowPatch,
     WorkflowRun,
     WorkflowStep,
-    WorkflowStepAttempt,
 )
 from pikku_django.sql.conflicts import in_transaction
 from pikku_django.sql.cursors import take_write_lock
 from pikku_django.store import fanout
 from pikku_django.store.fanout import FAN_OUT_RPCS, release_next
+from pikku_django.store.forks import copy_history
 from pikku_django.wakeups import work_due
 
 #: Run statuses a retry revives (a timed-out run is failed).
@@ -201,8 +201,9 @@ def fork_run(alias: str, run_id: Any, from_step: str | None) -> Any:
     """
     A new run of the run's workflow and input (``forked_from`` it), with the
     succeeded steps before ``from_step`` (in the original's order) copied as
-    succeeded, each with one succeeded attempt: the new run replays them and
-    runs on from ``from_step`` with today's code.
+    succeeded, each with one succeeded attempt, and the stream items and
+    events the original had written by then (``store.forks``): the new run
+    replays them and runs on from ``from_step`` with today's code.
     """
 
     runs = WorkflowRun.objects.db_manager(alias)
@@ -229,39 +230,13 @@ def fork_run(alias: str, run_id: Any, from_step: str | None) -> Any:
         )
         runs.filter(pk=fork.pk).update(forked_from=original)
         fork.forked_from = original
-        for step in before:
-            if step.status == "succeeded":
-                _copy_step(alias, fork, step)
+        if before:
+            copy_history(alias, run_id, fork, before, steps[len(before) :])
         if before and original.has_patches:
             _copy_markers(alias, original, fork, steps[len(before)].created_at)
         return fork
 
     return in_transaction(alias, write)
-
-
-def _copy_step(alias: str, fork: WorkflowRun, step: WorkflowStep) -> None:
-    """A succeeded ``step`` copied to ``fork``, succeeded, with one succeeded attempt."""
-    copy = WorkflowStep.objects.using(alias).create(
-        run=fork,
-        step_name=step.step_name,
-        rpc_name=step.rpc_name,
-        data=step.data,
-        status="succeeded",
-        result=step.result,
-        retries=step.retries,
-        retry_delay=step.retry_delay,
-        attempt=1,
-        created_at=DbNow(),
-        updated_at=DbNow(),
-    )
-    WorkflowStepAttempt.objects.using(alias).create(
-        step=copy,
-        attempt=1,
-        status="succeeded",
-        result=step.result,
-        created_at=DbNow(),
-        succeeded_at=DbNow(),
-    )
 
 
 def _copy_markers(alias: str, original: WorkflowRun, fork: WorkflowRun, until: Any) -> None:

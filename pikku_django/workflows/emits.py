@@ -17,14 +17,8 @@ from pikku_django import validate
 from pikku_django.clock import DbNow
 from pikku_django.errors import StepFunctionMismatchError
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
-from pikku_django.store.events import append_item, fenced_write, put_event
+from pikku_django.store.events import EVENT_RPC, PUBLISH_RPC, append_item, fenced_write, put_event
 from pikku_django.workflows.unwind import unwinds_store_errors
-
-#: The ``rpc_name`` of a ``ctx.set_event`` step; ``data["key"]`` is the event's key.
-EVENT_RPC = "pikku.event"
-
-#: The ``rpc_name`` of a ``ctx.publish`` step; its result is the item's offset.
-PUBLISH_RPC = "pikku.publish"
 
 
 def emit_step_name(kind: str, name: str, count: int) -> str:
@@ -61,7 +55,13 @@ class EmitsMixin:
         validate.name("key", key)
         validate.json_value("value", value)
         alias, run_id = self._using, self.run_id
-        self._emit(EVENT_RPC, "event", key, {"key": key}, lambda: put_event(alias, run_id, key, value))
+
+        def write() -> Any:
+            put_event(alias, run_id, key, value)
+            # The step keeps the value: a fork from a later step knows what the key held.
+            return value
+
+        self._emit(EVENT_RPC, "event", key, {"key": key}, write)
 
     @unwinds_store_errors
     def publish(self, stream: str, item: Any) -> int:

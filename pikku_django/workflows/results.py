@@ -9,7 +9,8 @@ times out or is cancelled.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -60,30 +61,71 @@ def run_state(alias: str, run_id: Any, *, missing_ok: bool = False) -> tuple[str
     raise InvalidArgumentError(f"run_id: no workflow run {run_id!r}.")
 
 
-class _Result:
-    def __init__(self, alias: str, run_id: Any) -> None:
-        self.alias, self.run_id = alias, run_id
-
-    def look(self) -> tuple[WorkflowRun | None, int]:
-        status, now = run_state(self.alias, self.run_id)
-        if status in FINISHED_RUN_STATUSES:
-            return WorkflowRun.objects.using(self.alias).get(pk=self.run_id), now
-        return None, now
+#: What a look finds: whether the wait is over, the value then, and the database clock's now (ms).
+Found = tuple[bool, Any, int]
 
 
-class _Event:
-    def __init__(self, alias: str, run_id: Any, key: str) -> None:
-        self.alias, self.run_id, self.key = alias, run_id, key
+def wait_until_found(
+    alias: str, run_id: Any, look: Callable[[], Found], timeout_ms: int, *, listen: bool
+) -> Any:
+    """
+    ``look()`` until it finds (its value), or None once ``timeout_ms`` has
+    passed on the database clock; pauses cut short by the run's commits
+    where ``listen`` and the database carries them.
+    """
+    ear = listening(alias, run_id) if listen else None
+    try:
+        deadline = Deadline(timeout_ms)
+        while True:
+            found, value, now = look()
+            if found:
+                return value
+            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
+            if ms is None:
+                return None
+            pause(ms, ear)
+    finally:
+        if ear is not None:
+            ear.close()
 
-    def look(self) -> tuple[bool, Any, int]:
-        """(found, value, now): found once the key is set, or once the run has finished without it."""
-        # The status first: a run finished then has set every event it ever will.
-        status, now = run_state(self.alias, self.run_id)
-        events = WorkflowEvent.objects.using(self.alias).filter(run_id=self.run_id, key=self.key)
-        rows = list(events.values_list("value", flat=True)[:1])
-        if rows:
-            return True, rows[0], now
-        return status in FINISHED_RUN_STATUSES, None, now
+
+async def await_until_found(
+    alias: str, run_id: Any, look: Callable[[], Found], timeout_ms: int, *, listen: bool
+) -> Any:
+    """``wait_until_found`` for a coroutine: each look in the sync thread, the pauses on the event loop."""
+    ear = await sync_to_async(listening, thread_sensitive=False)(alias, run_id) if listen else None
+    try:
+        deadline = Deadline(timeout_ms)
+        while True:
+            found, value, now = await sync_to_async(look)()
+            if found:
+                return value
+            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
+            if ms is None:
+                return None
+            await apause(ms, ear)
+    finally:
+        if ear is not None:
+            ear.close()
+
+
+def _finished_run(alias: str, run_id: Any) -> Found:
+    """(found, run, now): found once the run has finished."""
+    status, now = run_state(alias, run_id)
+    if status in FINISHED_RUN_STATUSES:
+        return True, WorkflowRun.objects.using(alias).get(pk=run_id), now
+    return False, None, now
+
+
+def _event(alias: str, run_id: Any, key: str) -> Found:
+    """(found, value, now): found once the key is set, or once the run has finished without it."""
+    # The status first: a run finished then has set every event it ever will.
+    status, now = run_state(alias, run_id)
+    events = WorkflowEvent.objects.using(alias).filter(run_id=run_id, key=key)
+    rows = list(events.values_list("value", flat=True)[:1])
+    if rows:
+        return True, rows[0], now
+    return status in FINISHED_RUN_STATUSES, None, now
 
 
 class StreamReader:
@@ -123,21 +165,10 @@ def wait_for_result(
     """
     timeout_ms = _timeout(timeout_ms)
     alias = write_alias(WorkflowRun, using)
-    reader = _Result(alias, run_id)
-    ear = listening(alias, run_id)
-    try:
-        deadline = Deadline(timeout_ms)
-        while True:
-            run, now = reader.look()
-            if run is not None:
-                return run
-            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
-            if ms is None:
-                raise ResultTimeoutError(run_id, timeout_ms)
-            pause(ms, ear)
-    finally:
-        if ear is not None:
-            ear.close()
+    run = wait_until_found(alias, run_id, partial(_finished_run, alias, run_id), timeout_ms, listen=True)
+    if run is None:
+        raise ResultTimeoutError(run_id, timeout_ms)
+    return run  # type: ignore[no-any-return]
 
 
 async def await_result(
@@ -146,21 +177,11 @@ async def await_result(
     """``wait_for_result`` for a coroutine: the event loop runs on while it waits."""
     timeout_ms = _timeout(timeout_ms)
     alias = write_alias(WorkflowRun, using)
-    reader = _Result(alias, run_id)
-    ear = await sync_to_async(listening, thread_sensitive=False)(alias, run_id)
-    try:
-        deadline = Deadline(timeout_ms)
-        while True:
-            run, now = await sync_to_async(reader.look)()
-            if run is not None:
-                return run
-            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
-            if ms is None:
-                raise ResultTimeoutError(run_id, timeout_ms)
-            await apause(ms, ear)
-    finally:
-        if ear is not None:
-            ear.close()
+    look = partial(_finished_run, alias, run_id)
+    run = await await_until_found(alias, run_id, look, timeout_ms, listen=True)
+    if run is None:
+        raise ResultTimeoutError(run_id, timeout_ms)
+    return run  # type: ignore[no-any-return]
 
 
 def get_event(run_id: Any, key: str, timeout_ms: int = 0, *, using: str | None = None) -> Any:
@@ -172,21 +193,8 @@ def get_event(run_id: Any, key: str, timeout_ms: int = 0, *, using: str | None =
     validate.name("key", key)
     timeout_ms = _timeout(timeout_ms)
     alias = write_alias(WorkflowRun, using)
-    reader = _Event(alias, run_id, key)
-    ear = listening(alias, run_id) if timeout_ms else None
-    try:
-        deadline = Deadline(timeout_ms)
-        while True:
-            found, value, now = reader.look()
-            if found:
-                return value
-            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
-            if ms is None:
-                return None
-            pause(ms, ear)
-    finally:
-        if ear is not None:
-            ear.close()
+    look = partial(_event, alias, run_id, key)
+    return wait_until_found(alias, run_id, look, timeout_ms, listen=timeout_ms > 0)
 
 
 async def aget_event(run_id: Any, key: str, timeout_ms: int = 0, *, using: str | None = None) -> Any:
@@ -194,21 +202,8 @@ async def aget_event(run_id: Any, key: str, timeout_ms: int = 0, *, using: str |
     validate.name("key", key)
     timeout_ms = _timeout(timeout_ms)
     alias = write_alias(WorkflowRun, using)
-    reader = _Event(alias, run_id, key)
-    ear = await sync_to_async(listening, thread_sensitive=False)(alias, run_id) if timeout_ms else None
-    try:
-        deadline = Deadline(timeout_ms)
-        while True:
-            found, value, now = await sync_to_async(reader.look)()
-            if found:
-                return value
-            ms = deadline.pause_ms(now, heard=ear is not None and ear.live)
-            if ms is None:
-                return None
-            await apause(ms, ear)
-    finally:
-        if ear is not None:
-            ear.close()
+    look = partial(_event, alias, run_id, key)
+    return await await_until_found(alias, run_id, look, timeout_ms, listen=timeout_ms > 0)
 
 
 def stream_reader(run_id: Any, stream: str, offset: int, timeout_ms: int, using: str | None) -> StreamReader:

@@ -38,6 +38,17 @@ def step_emits(ctx: Any, input: dict[str, Any]) -> Any:
     return {"lines": lines}
 
 
+@workflow("test.chunks")
+def chunks(ctx: Any, input: dict[str, Any]) -> Any:
+    """Per chunk: a step that publishes two lines and sets ``progress``, then an item and ``status``."""
+    ctx.set_event("status", {"done": 0})
+    for i in range(input.get("chunks", 3)):
+        ctx.step(f"chunk-{i}", report_progress, 2)
+        ctx.publish("log", {"chunk": i})
+        ctx.set_event("status", {"done": i + 1})
+    return {"chunks": input.get("chunks", 3)}
+
+
 @workflow("test.publish_many")
 def publish_many(ctx: Any, input: dict[str, Any]) -> Any:
     """``count`` items, each published after a step (so a pass may die between any two)."""

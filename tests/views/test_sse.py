@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from django.test import AsyncRequestFactory, RequestFactory, TransactionTestCase
 from pikku_django.errors import InvalidArgumentError
 from pikku_django.views import resume_offset, stream_sse
 from pikku_django.workflows import run_workflow, send_signal, start_workflow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def events(body: bytes) -> list[dict[str, str]]:
@@ -80,3 +83,33 @@ class StreamSseTests(TransactionTestCase):
 def test_resume_offset(header: Any, offset: int) -> None:
     headers = {} if header is None else {"Last-Event-ID": header}
     assert resume_offset(RequestFactory().get("/", headers=headers)) == offset
+
+
+class TheDocumentedExampleTests(TransactionTestCase):
+    """The page of docs/results-events-streams.md, as the test project serves it."""
+
+    def test_the_page_points_its_event_source_at_the_stream(self) -> None:
+        run = start_workflow("test.chunks", {"chunks": 2}, inline=True)
+        page = self.client.get(f"/imports/{run.pk}/")
+        assert page.status_code == 200
+        assert f'new EventSource("/imports/{run.pk}/log")' in page.content.decode()
+
+    def test_the_stream_resumes_after_the_browser_s_last_event_id(self) -> None:
+        run = start_workflow("test.chunks", {"chunks": 2}, inline=True)
+        response = self.client.get(f"/imports/{run.pk}/log", headers={"Last-Event-ID": "3"})
+        assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
+        got = events(b"".join(response.streaming_content))  # type: ignore[attr-defined]
+        assert [(e.get("id"), json.loads(e["data"])) for e in got] == [
+            ("4", "line 1"),
+            ("5", {"chunk": 1}),
+            (None, {"status": "completed"}),
+        ]
+
+    def test_the_docs_show_the_view_and_the_template_the_project_serves(self) -> None:
+        docs = (ROOT / "docs" / "results-events-streams.md").read_text()
+        template = (ROOT / "testproject" / "demo" / "templates" / "import.html").read_text()
+        assert f"<!-- import.html -->\n{template}```" in docs
+        views = (ROOT / "testproject" / "demo" / "views.py").read_text()
+        lines = ('    return stream_sse(request, run_id, "log")', '    return render(request, "import.html"')
+        for line in lines:
+            assert line in docs and line in views
