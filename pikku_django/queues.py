@@ -27,7 +27,7 @@ from pikku_django.errors import LeaseTakenError
 from pikku_django.leases import hold_lease
 from pikku_django.managers.base import ACTIVE_RUN_STATUSES, write_alias
 from pikku_django.models import WorkflowRun
-from pikku_django.store import flow
+from pikku_django.store import fairness, flow
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def run_slots(
     queue is taken; False when its key's slots are (the run then waits
     ``KEY_WAIT_MS``) or its bucket is full (the run is made due at the next
     permitted instant), each move guarded by the ``wake_at`` read. Only a
-    queue with a per-key limit or a rate reads the run (one SELECT).
+    queue with a per-key limit or a rate reads the run (one SELECT); one
+    with a per-key limit gives the run's key its turn (``store.fairness``).
     """
     with queue_slot(queue, holder, using=using) as slot:
         per_key = conf.per_key_concurrency(queue) if slot else None
@@ -121,4 +122,7 @@ def run_slots(
             if not free:
                 logger.debug("Run %s of queue %r waits for its key's slots or its rate.", run_id, queue)
                 runs.filter(status__in=ACTIVE_RUN_STATUSES, wake_at=wake_at).update(wake_at=later)
+            elif per_key is not None:
+                # Its key's turn is taken now: the next look serves the others first.
+                fairness.served(alias, queue, key)
             yield free

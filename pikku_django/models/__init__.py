@@ -8,7 +8,7 @@ from __future__ import annotations
 from pikku_django.models.events import WorkflowEvent, WorkflowStreamItem
 from pikku_django.models.fanout import FanOutKind, WorkflowFanOut
 from pikku_django.models.fields import ExactCharField
-from pikku_django.models.flow import FlowBucket
+from pikku_django.models.flow import FlowBucket, FlowKey
 from pikku_django.models.leases import Lease, LeaseTokenFloor
 from pikku_django.models.patches import WorkflowPatch
 from pikku_django.models.queues import WorkflowQueue
@@ -41,6 +41,7 @@ __all__ = [
     "ExactCharField",
     "FanOutKind",
     "FlowBucket",
+    "FlowKey",
     "Lease",
     "LeaseTokenFloor",
     "Overlap",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from django.db import IntegrityError
@@ -39,6 +39,17 @@ NO_BOUND = 2**62
 #: Makes a new run: (input, wake_at, debounce_until) -> run.
 Create = Callable[[Any, int, int], WorkflowRun]
 
+#: A run's input with one more start's joined: (the open run's input, or None
+#: for a new run, this start's input) -> the run's input.
+Fold = Callable[[Any, Any], Any]
+
+
+def fold_by_mode(mode: DebounceMode) -> Fold:
+    """The default ``Fold``: the last start's input, or the list of every start's."""
+    if mode == "last":
+        return lambda _open, given: given
+    return lambda open_input, given: [*open_input, given] if isinstance(open_input, list) else [given]
+
 
 def start_debounced(
     alias: str,
@@ -50,18 +61,26 @@ def start_debounced(
     debounce_max_ms: int | None,
     mode: DebounceMode,
     create: Create,
+    fold: Fold | None = None,
+    among: Mapping[str, Any] | None = None,
 ) -> WorkflowRun:
-    """The key's open run, delayed and given this start's input; or a new run (see above)."""
+    """
+    The key's open run, delayed and given this start's input; or a new run
+    (see above). ``fold``: how a start's input joins the run's (default:
+    ``fold_by_mode(mode)``); ``among``: more filters an open run must meet
+    (a task's path, as every task is a run of one workflow).
+    """
     lock = f"debounce:{workflow}:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+    join = fold_by_mode(mode) if fold is None else fold
 
     def write() -> WorkflowRun:
         _lock(alias, lock)
-        run = _join_open(alias, workflow, key, input, debounce_ms, mode)
+        run = _join_open(alias, workflow, key, input, debounce_ms, join, among or {})
         if run is not None:
             return run
         now = Lease.objects.db_manager(alias).db_now_ms()
         until = NO_BOUND if debounce_max_ms is None else now + debounce_max_ms
-        return create([input] if mode == "collect" else input, min(now + debounce_ms, until), until)
+        return create(join(None, input), min(now + debounce_ms, until), until)
 
     return in_transaction(alias, write)
 
@@ -84,18 +103,19 @@ def _lock(alias: str, lock: str) -> None:
 
 
 def _join_open(
-    alias: str, workflow: str, key: str, input: Any, debounce_ms: int, mode: DebounceMode
+    alias: str, workflow: str, key: str, input: Any, debounce_ms: int, join: Fold, among: Mapping[str, Any]
 ) -> WorkflowRun | None:
     """The key's open run with this start joined (``wake_at`` and input moved, guarded), or None."""
     runs = WorkflowRun.objects.using(alias)
     open_runs = runs.filter(
         key=key, workflow=workflow, status="running", debounce_until__isnull=False, wake_at__gt=DbNowMs()
-    ).order_by("-wake_at")
+    )
+    open_runs = open_runs.filter(**among).order_by("-wake_at")
     for run in open_runs[:2]:
         if Lease.objects.using(alias).filter(key=run.lease_key).exists():
             # A worker took it: its burst is closed.
             continue
-        joined = [*run.input, input] if mode == "collect" and isinstance(run.input, list) else input
+        joined = join(run.input, input)
         validate.json_value("input", joined)
         wake_at = Least(DbNowMs() + Value(debounce_ms), F("debounce_until"))
         if runs.filter(pk=run.pk, wake_at=run.wake_at).update(wake_at=wake_at, input=joined):

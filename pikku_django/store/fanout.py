@@ -55,11 +55,13 @@ def insert_items(
     workflow: str,
     inputs: Sequence[Any],
     first_index: int,
+    keys: Sequence[str | None] | None = None,
 ) -> None:
     """
     Insert the runs of ``inputs`` (items ``first_index`` on) as held items of
-    ``step``, on the parent's queue and priority, in one statement. A racing
-    pass that inserted them first makes it raise IntegrityError.
+    ``step``, on the parent's queue and priority, each with its flow-control
+    key from ``keys`` (none without), in one statement. A racing pass that
+    inserted them first makes it raise IntegrityError.
     """
 
     now = datetime.datetime.fromtimestamp(
@@ -81,6 +83,7 @@ def insert_items(
                 parent=parent,
                 parent_step=step,
                 parent_index=first_index + offset,
+                key=None if keys is None else keys[offset],
                 created_at=stamp,
                 updated_at=stamp,
             )

@@ -16,6 +16,8 @@ from pikku_django.clock import DbNowMs
 from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskArgumentsError
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.policy import StepPolicy, dump_policy, step_policy
+from pikku_django.store.debounce import start_debounced
+from pikku_django.store.dedup import start_deduplicated
 from pikku_django.tasks.compat import (
     BaseTaskBackend,
     Task,
@@ -24,7 +26,8 @@ from pikku_django.tasks.compat import (
     normalize_json,
     task_enqueued,
 )
-from pikku_django.tasks.options import check_task_options, make_task
+from pikku_django.tasks.flow import collect_call, flow_arguments, fold_calls
+from pikku_django.tasks.options import check_task_options, make_task, task_flow
 from pikku_django.tasks.results import (
     TASK_STEP,
     TASK_WORKFLOW,
@@ -141,7 +144,10 @@ class PikkuTaskBackend(BaseTaskBackend):
         step: two INSERTs on the caller's connection, nothing read back.
         Inside ``transaction.atomic()`` they commit or roll back with the
         caller's own writes; outside, a crash between them leaves a run whose
-        worker inserts the step itself.
+        worker inserts the step itself. The task's flow options (``key``,
+        ``dedup_key``, ``debounce_ms``, ...; ``tasks.flow``) are filled from
+        this call's arguments; a call deduplicated or debounced into a run
+        stored before gets that run's result (and sends no ``task_enqueued``).
         """
         if self.options_error is not None:
             raise PikkuConfigurationError(self.options_error)
@@ -157,20 +163,16 @@ class PikkuTaskBackend(BaseTaskBackend):
         validate.json_value(
             "args", {"args": stored_args, "kwargs": stored_kwargs}, not_json=TaskArgumentsError
         )
+        flow, stored_args, stored_kwargs = _flow(task, args, kwargs, stored_args, stored_kwargs)
         run_after_ms = None if task.run_after is None else epoch_ms(task.run_after)
         stored, retries, worker_losses = self._stored(task, stored_args, stored_kwargs, run_after_ms)
         alias = router.db_for_write(WorkflowRun)
         with tracing.enqueue(task.module_path, task.queue_name) as traced:
-            run = WorkflowRun.objects.db_manager(alias).create_run(
-                TASK_WORKFLOW,
-                stored,
-                queue=task.queue_name,
-                priority=task.priority,
-                wake_at=run_after_ms,
-                internal=True,
-                trace_context=traced.context,
-            )
+            run, new = _start(alias, task, stored, flow, run_after_ms, traced.context)
             traced.started(run)
+        if not new:
+            # Deduplicated or debounced into a run stored before: its result as it stands.
+            return self.get_result(str(run.pk))
         # Stored now, so that a worker only claims it.
         try:
             WorkflowStep.objects.db_manager(alias).insert_pending(
@@ -179,7 +181,7 @@ class PikkuTaskBackend(BaseTaskBackend):
                 task.module_path,
                 retries=retries,
                 worker_losses=worker_losses,
-                deferred=run_after_ms is not None,
+                deferred=run_after_ms is not None or "debounce_ms" in flow,
             )
         except IntegrityError:
             if connections[alias].in_atomic_block:
@@ -252,3 +254,72 @@ class PikkuTaskBackend(BaseTaskBackend):
         self.get_result(result_id)
         wait_for_result(result_id, timeout_ms)
         return self.get_result(result_id)
+
+
+def _flow(
+    task: Task[Any, Any], args: Any, kwargs: Any, stored_args: Any, stored_kwargs: Any
+) -> tuple[dict[str, Any], Any, Any]:
+    """
+    The flow arguments of this call of ``task`` (``tasks.flow``), and the
+    arguments to store: for a debounced task in ``"collect"`` mode, one
+    argument, the list of calls (this call alone until others join it).
+    """
+    flow = flow_arguments(task_flow(task), list(args), dict(kwargs), task.module_path)
+    if "debounce_ms" in flow and task.run_after is not None:
+        raise InvalidArgumentError("a debounced task cannot be given run_after: its burst says when it runs.")
+    if "debounce_ms" in flow and flow.get("debounce_mode") == "collect":
+        return flow, [[collect_call(stored_args, stored_kwargs)]], {}
+    return flow, stored_args, stored_kwargs
+
+
+def _start(
+    alias: str,
+    task: Task[Any, Any],
+    stored: dict[str, Any],
+    flow: dict[str, Any],
+    run_after_ms: int | None,
+    trace_context: dict[str, str] | None,
+) -> tuple[WorkflowRun, bool]:
+    """
+    The task's run, and whether this call stored it: a new run, or under the
+    task's flow options (``tasks.flow``) the run its ``dedup_key`` holds
+    (or ``DuplicateRunError``) or the open run of its debounced ``key``.
+    """
+    runs = WorkflowRun.objects.db_manager(alias)
+    made: list[WorkflowRun] = []
+
+    def create(value: Any = stored, wake_at: int | None = run_after_ms, until: int | None = None) -> Any:
+        run = runs.create_run(
+            TASK_WORKFLOW,
+            value,
+            queue=task.queue_name,
+            priority=task.priority,
+            wake_at=wake_at,
+            internal=True,
+            trace_context=trace_context,
+            key=flow.get("key"),
+            dedup_key=flow.get("dedup_key"),
+            debounce_until=until,
+        )
+        made.append(run)
+        return run
+
+    if "debounce_ms" in flow:
+        mode = flow.get("debounce_mode", "last")
+        run = start_debounced(
+            alias,
+            TASK_WORKFLOW,
+            flow["key"],
+            stored,
+            debounce_ms=flow["debounce_ms"],
+            debounce_max_ms=flow.get("debounce_max_ms"),
+            mode=mode,
+            create=create,
+            fold=fold_calls if mode == "collect" else None,
+            among={"input__task": task.module_path},
+        )
+    elif flow.get("dedup_key") is not None:
+        run = start_deduplicated(alias, create, TASK_WORKFLOW, flow["dedup_key"], flow.get("dedup", "return"))
+    else:
+        run = create()
+    return run, bool(made) and made[-1] is run

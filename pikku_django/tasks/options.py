@@ -17,6 +17,7 @@ from django.core.checks import CheckMessage, Error
 
 from pikku_django.policy import POLICY_OPTIONS, StepPolicy, step_policy
 from pikku_django.tasks.compat import Task
+from pikku_django.tasks.flow import check_flow_options
 
 #: The options of flow control a task may carry too (per key: concurrency,
 #: rate, dedup, debounce), read by that part of the app.
@@ -43,15 +44,25 @@ class PikkuTask(Task):  # type: ignore[type-arg]
         return dict(self.options)
 
 
+def task_flow(task: Task[Any, Any]) -> dict[str, Any]:
+    """The flow-control options a task was given (``tasks.flow``), by name."""
+    return {name: value for name, value in getattr(task, "options", ()) if name in FLOW_OPTIONS}
+
+
 def task_policy(task: Task[Any, Any]) -> StepPolicy | None:
     """The policy a task's own options give (None without any)."""
     options = dict(getattr(task, "options", ()))
     return step_policy(**{name: value for name, value in options.items() if name in POLICY_OPTIONS})
 
 
-def _checked(path: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """``options`` with their values validated now; unknown names kept for the system check."""
+def _checked(path: str, options: dict[str, Any], *, whole: bool = True) -> tuple[tuple[str, Any], ...]:
+    """
+    ``options`` with their values validated now; unknown names kept for the
+    system check. ``whole``: these are all the task's options, so the flow
+    options that need one another are checked together too.
+    """
     step_policy(**{name: value for name, value in options.items() if name in POLICY_OPTIONS})
+    check_flow_options(options, together=whole)
     unknown = sorted(set(options) - TASK_OPTIONS)
     if unknown:
         _UNKNOWN[path] = unknown
@@ -78,7 +89,7 @@ def options(**given: Any) -> Callable[[Task[Any, Any]], PikkuTask]:
     ``@options(max_attempts=6, timeout_ms=30_000)`` above ``@task()``: the
     task with these options (over any it has), on every Django version.
     """
-    checked = _checked("", given)
+    checked = _checked("", given, whole=False)
     _UNKNOWN.pop("", None)
 
     def decorate(task: Task[Any, Any]) -> PikkuTask:
@@ -111,5 +122,6 @@ __all__ = [
     "check_task_options",
     "make_task",
     "options",
+    "task_flow",
     "task_policy",
 ]

@@ -33,6 +33,7 @@ from pikku_django.schedules import tick
 from pikku_django.sql.cursors import hot_cursor
 from pikku_django.sql.names import NameLock
 from pikku_django.sql.notify import carries_notifications, looks_for_lanes
+from pikku_django.store import fairness
 from pikku_django.worker.beat import BeatLoop
 from pikku_django.worker.lane import Lane
 from pikku_django.worker.listener import Listener
@@ -281,11 +282,13 @@ class Worker:
         statement, and the take is guarded on it), as (id, wake_at, queue): highest priority first, then the
         earliest ``wake_at`` (the order of the ``pikku_run_due_idx`` index).
         By default ``batch``, and as many more as this process's lanes are
-        taking now (``taking``: a lane leaves those to them).
+        taking now (``taking``: a lane leaves those to them). The runs of a
+        queue with ``per_key`` are put in fair order among its keys
+        (``store.fairness.fair_due``: one more statement, only then).
         """
         limit = self.batch + self.taking.busy() if limit is None else limit
         if exclude:
-            return self._runs(exclude).next_due(limit)
+            return fairness.fair_due(self.using, self._runs(exclude).next_due(limit))
         # The usual look (no queue left out) is compiled once per limit:
         # building the query costs several times what running it does, and it
         # stands between a wake-up and the take. Its "now" is the database's,
@@ -300,7 +303,10 @@ class Worker:
             cursor.execute(*statement)
             rows = cursor.fetchall()
         to_python = WorkflowRun._meta.pk.to_python
-        return [(to_python(pk), wake_at, queue) for pk, wake_at, queue, _ in rows]
+        # A queue with per_key: its runs in fair order among its keys.
+        return fairness.fair_due(
+            self.using, [(to_python(pk), wake_at, queue) for pk, wake_at, queue, _ in rows]
+        )
 
     def due_rows(self, limit: int) -> QuerySet[Any, Any]:
         """``due(limit=limit)`` as a query not yet run (``WorkflowRunQuerySet.next_due_rows``)."""

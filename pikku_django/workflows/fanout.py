@@ -96,6 +96,22 @@ def _max_parallel(value: object) -> int | None:
     return validate.whole("max_parallel", value, minimum=1, maximum=validate.MAX_INTEGER)
 
 
+#: A fan-out's ``key``: one key for every child, or a function of each item (or input).
+ItemKey = str | Callable[[Any], str] | None
+
+
+def _item_keys(key: ItemKey, values: list[Any]) -> list[str | None] | None:
+    """
+    Each child's flow-control key (docs/flow-control.md): ``key`` itself, or
+    ``key(value)`` per item; None without one. Refused naming the item.
+    """
+    if key is None:
+        return None
+    if not callable(key):
+        return [validate.name("key", key)] * len(values)
+    return [validate.name(f"key of item {index}", key(value)) for index, value in enumerate(values)]
+
+
 def _digest(values: Sequence[Any]) -> str:
     text = json.dumps(list(values), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -146,6 +162,7 @@ class FanOutMixin:
         retry_on: Any = None,
         timeout_ms: int | None = None,
         worker_losses: int | None = None,
+        key: ItemKey = None,
     ) -> list[Any]:
         """
         ``fn(item)`` for each item of ``items``, each a step of its own run
@@ -154,12 +171,14 @@ class FanOutMixin:
         ``lease_ms`` and the policy options (``max_attempts`` ...
         ``worker_losses``) are each item's, as for ``ctx.step``. Once an item's
         attempts are spent, no further item starts, and ``StepFailedError``
-        is raised here when the items in flight have ended.
+        is raised here when the items in flight have ended. ``key``: each
+        item run's flow-control key, a string or a function of the item.
         """
         validate.name("name", name)
         path = function_path("fn", fn)
         values = _json_list("items", items)
         limit = _max_parallel(max_parallel)
+        keys = _item_keys(key, values)
         options: dict[str, Any] = {}
         if retries is not None:
             options["retries"] = validate.retries("retries", retries)
@@ -182,26 +201,34 @@ class FanOutMixin:
         item = {"fn": path, "step": name, **({"options": options} if options else {})}
         inputs = [{**item, "item": value} for value in values]
         return self._fan_out(
-            name, MAP_RPC, FanOutKind.MAP, MAP_ITEM_WORKFLOW, inputs, values, limit, {"fn": path}
+            name, MAP_RPC, FanOutKind.MAP, MAP_ITEM_WORKFLOW, inputs, values, limit, {"fn": path}, keys
         )
 
     @unwinds_store_errors
     def workflows(
-        self, name: str, workflow_name: str, inputs: Sequence[Any], *, max_parallel: int | None = None
+        self,
+        name: str,
+        workflow_name: str,
+        inputs: Sequence[Any],
+        *,
+        max_parallel: int | None = None,
+        key: ItemKey = None,
     ) -> list[Any]:
         """
         One child run of ``workflow_name`` per input (each started exactly
         once), at most ``max_parallel`` unfinished at once; their outputs in
         order. A child that fails or is cancelled cancels its unfinished
-        siblings, and ``StepFailedError`` is raised here.
+        siblings, and ``StepFailedError`` is raised here. ``key``: each
+        child's flow-control key, a string or a function of its input.
         """
         validate.name("name", name)
         child_workflow("workflow_name", workflow_name)
         values = _json_list("inputs", inputs)
         limit = _max_parallel(max_parallel)
+        keys = _item_keys(key, values)
         return self._fan_out(
             name, WORKFLOWS_RPC, FanOutKind.WORKFLOWS, workflow_name, values, values, limit,
-            {"workflow": workflow_name},
+            {"workflow": workflow_name}, keys,
         )  # fmt: skip
 
     # -- the step -------------------------------------------------------------------
@@ -216,6 +243,7 @@ class FanOutMixin:
         values: list[Any],
         max_parallel: int | None,
         target: dict[str, str],
+        keys: list[str | None] | None = None,
     ) -> list[Any]:
         argument = "items" if kind == FanOutKind.MAP else "inputs"
         self._use_name(name)
@@ -232,7 +260,7 @@ class FanOutMixin:
             if not inputs:
                 self._settle(step, "succeeded", result=[])
                 return []
-            self._start_items(step, kind, workflow_name, inputs, max_parallel)
+            self._start_items(step, kind, workflow_name, inputs, max_parallel, keys)
             step = WorkflowStep.objects.using(self._using).get(pk=step.pk)
         if step.status == "succeeded":
             return list(step.result or [])
@@ -250,7 +278,13 @@ class FanOutMixin:
         )
 
     def _start_items(
-        self, step: WorkflowStep, kind: str, workflow_name: str, inputs: list[Any], max_parallel: int | None
+        self,
+        step: WorkflowStep,
+        kind: str,
+        workflow_name: str,
+        inputs: list[Any],
+        max_parallel: int | None,
+        keys: list[str | None] | None,
     ) -> None:
         """
         Insert the items' runs in batches, each batch one transaction fenced
@@ -264,9 +298,9 @@ class FanOutMixin:
             start = runs.filter(parent_step=step).count()
             for first in range(start, len(inputs), store.INSERT_BATCH):
                 batch = inputs[first : first + store.INSERT_BATCH]
-                in_transaction(
-                    alias, functools.partial(self._insert_batch, step, workflow_name, batch, first)
-                )
+                batch_keys = None if keys is None else keys[first : first + store.INSERT_BATCH]
+                insert = functools.partial(self._insert_batch, step, workflow_name, batch, first, batch_keys)
+                in_transaction(alias, insert)
         except IntegrityError:
             raise Stop(f"another pass inserted the items of step {step.step_name!r}") from None
         released = len(inputs) if max_parallel is None else min(max_parallel, len(inputs))
@@ -295,10 +329,17 @@ class FanOutMixin:
             workflow_name,
         )
 
-    def _insert_batch(self, step: WorkflowStep, workflow_name: str, batch: list[Any], first: int) -> None:
+    def _insert_batch(
+        self,
+        step: WorkflowStep,
+        workflow_name: str,
+        batch: list[Any],
+        first: int,
+        keys: list[str | None] | None,
+    ) -> None:
         """One batch of the items' runs, in the caller's transaction, fenced to this pass's run lease."""
         self._touch_run()
-        store.insert_items(self._using, self.run, step, workflow_name, batch, first)
+        store.insert_items(self._using, self.run, step, workflow_name, batch, first, keys)
 
     def _gather(self, step: WorkflowStep, fan_out: WorkflowFanOut) -> list[Any]:
         """All ended: the step succeeds with their results in order, or fails with the first failure."""

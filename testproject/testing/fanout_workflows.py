@@ -122,3 +122,25 @@ def fan_mix(ctx: Any, input: dict[str, Any]) -> Any:
     ctx.sleep("nap", input.get("nap_ms", 20))
     second = ctx.map("second", add_one, first, max_parallel=input.get("max_parallel"))
     return {"child": child, "sum": ctx.step("sum", _total, second)}
+
+
+def tenant_key(item: dict[str, Any]) -> str:
+    """The flow-control key of an item of ``test.keyed_map``: its tenant's."""
+    return f"tenant:{item['tenant']}"
+
+
+def item_number(item: dict[str, Any]) -> int:
+    return int(item["n"])
+
+
+@workflow("test.keyed_map")
+def keyed_map(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.map`` over ``input["items"]`` (``{"tenant", "n"}``), each item run under its tenant's key."""
+    return ctx.map("items", item_number, input["items"], key=tenant_key)
+
+
+@workflow("test.keyed_children")
+def keyed_children(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.workflows`` of ``test.echo_input`` over ``input["inputs"]``, each under its tenant's key."""
+    inputs = input["inputs"]
+    return ctx.workflows("kids", "test.echo_input", inputs, key=lambda each: f"tenant:{each['tenant']}")
