@@ -2,9 +2,10 @@
 One sweep pass: fail steps that lost their worker on their last attempt, time
 out runs past their deadline, wake runs that need a worker (never one due
 later, unless its worker was lost in a step; suspended runs whose signal is
-waiting too), prune dead lease rows, and prune finished runs past their
-retention. Every write is a guarded statement, so sweeps on many nodes at
-once do no double work and no harm.
+waiting too), prune dead lease rows, prune finished runs past their
+retention, and prune the per-minute rollup's rows past a day. Every write
+is a guarded statement, so sweeps on many nodes at once do no double work
+and no harm.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pikku_django.models import (
 )
 from pikku_django.sql.conflicts import in_transaction
 from pikku_django.sql.cursors import take_write_lock
-from pikku_django.store import prune
+from pikku_django.store import prune, rollup
 from pikku_django.store.lifecycle import time_out_runs
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class SweepReport:
     signalled_runs: int = 0
     pruned_leases: int = 0
     pruned_runs: int = 0
+    pruned_minutes: int = 0
     duration_ms: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -76,7 +78,8 @@ class SweepReport:
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
             f"woke {self.signalled_runs} suspended runs whose signal was waiting; "
-            f"pruned {self.pruned_leases} leases and {self.pruned_runs} finished runs; {self.duration_ms} ms."
+            f"pruned {self.pruned_leases} leases, {self.pruned_runs} finished runs "
+            f"and {self.pruned_minutes} rollup minutes; {self.duration_ms} ms."
         )
 
 
@@ -91,8 +94,8 @@ def sweep(
 ) -> SweepReport:
     """
     One pass over the store; see the module docstring. Each unit returns its
-    own counts and the report adds them up. ``prune=False`` leaves out both
-    prunes.
+    own counts and the report adds them up. ``prune=False`` leaves out the
+    prunes (leases, runs, and the rollup's minutes past a day).
     """
     idle_ms = (
         conf.STALLED_AFTER_MS
@@ -116,6 +119,7 @@ def sweep(
     if prune:
         report.pruned_leases = _prune_leases(limit, dry_run, alias)
         report.pruned_runs = prune_runs(prune_limit, dry_run=dry_run, using=alias)
+        report.pruned_minutes = rollup.prune_minutes(prune_limit, dry_run, alias)
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
 

@@ -24,6 +24,7 @@ from pikku_django.admin.steps import (
 )
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 from pikku_django.admin.workers import WorkflowWorkerAdmin
+from pikku_django.admin.workflows import WorkflowOverviewAdmin
 
 __all__ = [
     "LeaseAdmin",
@@ -39,6 +40,7 @@ __all__ = [
     "WorkflowSignalInline",
     "WorkflowStepAdmin",
     "WorkflowStepAttemptInline",
+    "WorkflowOverviewAdmin",
     "WorkflowStepInline",
     "WorkflowWorkerAdmin",
     "db_now_ms",

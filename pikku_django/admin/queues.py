@@ -1,35 +1,55 @@
 """
 The queues page ("Queues" on the admin index): per queue its runs by status,
 the due backlog and its oldest run's age on the database clock, slots used
-of its limit; pause, resume and drain.
+of its limit, its busiest keys, and its charts (the last hour on its row,
+the last day too on its page); pause, resume and drain.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from pikku_django.admin.base import ReadOnlyAdmin, format_ms, has_change_perm
+from pikku_django.admin.chart_data import one_read_per_page, page_cached, series_of
+from pikku_django.admin.charts import charts
 from pikku_django.admin.refresh import RefreshMixin
 from pikku_django.conf import conf
 from pikku_django.managers.base import write_alias
-from pikku_django.managers.queues import QUEUE_STATUSES, WorkflowQueueQuerySet, slots_in_use
+from pikku_django.managers.queues import (
+    QUEUE_STATUSES,
+    WorkflowQueueQuerySet,
+    busiest_keys,
+    slots_in_use,
+)
 from pikku_django.models import WorkflowQueue
 from pikku_django.store.queues import drain_queue, set_paused, sync_queues
 
 
 @admin.register(WorkflowQueue)
 class WorkflowQueueAdmin(RefreshMixin, ReadOnlyAdmin):
-    list_display = ["name", "state", "runs_by_status", "due", "oldest_due", "slots"]
+    list_display = ["name", "state", "runs_by_status", "due", "oldest_due", "slots", "busiest", "last_hour"]
     list_filter = ["paused"]
     search_fields = ["name"]
-    fields = ["name", "state", "runs_by_status", "due", "oldest_due", "slots", "changed_at"]
-    readonly_fields = ["state", "runs_by_status", "due", "oldest_due", "slots"]
+    fields = [
+        "name",
+        "state",
+        "runs_by_status",
+        "due",
+        "oldest_due",
+        "slots",
+        "busiest",
+        "charts_display",
+        "changed_at",
+    ]
+    readonly_fields = ["state", "runs_by_status", "due", "oldest_due", "slots", "busiest", "charts_display"]
     actions = ["pause_queues", "resume_queues", "drain_queues"]
 
     def changelist_view(
@@ -37,7 +57,12 @@ class WorkflowQueueAdmin(RefreshMixin, ReadOnlyAdmin):
     ) -> HttpResponse:
         # Every queue that has runs or is configured is listed: its row is made here.
         sync_queues(using=write_alias(WorkflowQueue, None))
-        return super().changelist_view(request, extra_context)
+        # The rows' keys and charts are read once for the page, while it renders.
+        with one_read_per_page():
+            response = super().changelist_view(request, extra_context)
+            if isinstance(response, TemplateResponse):
+                response.render()
+        return response
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowQueue]:
         # The figures ride on each row (correlated subqueries) and the slots
@@ -86,6 +111,34 @@ class WorkflowQueueAdmin(RefreshMixin, ReadOnlyAdmin):
         limit = conf.concurrency(obj.name)
         used = int(getattr(obj, "slots_used", 0))
         return f"{used} / {'∞' if limit is None else limit}"
+
+    @admin.display(description="busiest keys")
+    def busiest(self, obj: WorkflowQueue) -> str:
+        """The keys with the most runs running or due, each linked to its runs."""
+        alias = obj._state.db or write_alias(WorkflowQueue, None)
+        keys = page_cached(
+            ("keys", alias), lambda every: busiest_keys(alias, None if every else [obj.name])
+        ).get(obj.name)
+        if not keys:
+            return self.get_empty_value_display()
+        url = reverse("admin:pikku_django_workflowrun_changelist")
+        return format_html_join(
+            ", ",
+            '<a href="{}?{}">{}</a> ({})',
+            (
+                (url, urlencode({"queue": obj.name, "status": "running", "key": key}), key, n)
+                for key, n in keys
+            ),
+        )
+
+    @admin.display(description="last hour")
+    def last_hour(self, obj: WorkflowQueue) -> str:
+        hour, _ = series_of(obj._state.db or write_alias(WorkflowQueue, None), "queue", obj.name)
+        return charts([hour])
+
+    @admin.display(description="charts")
+    def charts_display(self, obj: WorkflowQueue) -> str:
+        return charts(series_of(obj._state.db or write_alias(WorkflowQueue, None), "queue", obj.name))
 
     @admin.action(description="Pause selected queues", permissions=["operate"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[WorkflowQueue]) -> None:

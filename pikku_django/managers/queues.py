@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.db import models
-from django.db.models import Count, Min, OuterRef, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Min, OuterRef, Subquery, Window
+from django.db.models.functions import Coalesce, RowNumber
 
 from pikku_django import models as pikku_models
 from pikku_django.clock import DbNowMs
@@ -60,3 +60,25 @@ def slots_in_use(alias: str) -> dict[str, int]:
         queue = key[len("queue:") :].rpartition(":")[0]
         used[queue] = used.get(queue, 0) + 1
     return used
+
+
+#: How many keys the cockpit names per queue.
+BUSIEST_KEYS = 5
+
+
+def busiest_keys(alias: str, names: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
+    """
+    Per queue (of ``names``, or every one), the flow-control keys with the
+    most runs running or due, most first, ``BUSIEST_KEYS`` at most: one
+    query, ranked by the database, whatever the number of keys.
+    """
+    runs = pikku_models.WorkflowRun.objects.using(alias).filter(status="running", key__isnull=False)
+    if names is not None:
+        runs = runs.filter(queue__in=names)
+    grouped = runs.order_by().values("queue", "key").annotate(n=Count("pk"))
+    rank = Window(RowNumber(), partition_by=[F("queue")], order_by=[F("n").desc(), F("key").asc()])
+    top = grouped.annotate(rank=rank).filter(rank__lte=BUSIEST_KEYS).order_by("queue", "rank")
+    found: dict[str, list[tuple[str, int]]] = {}
+    for queue, key, count in top.values_list("queue", "key", "n"):
+        found.setdefault(queue, []).append((str(key), int(count)))
+    return found

@@ -5,6 +5,7 @@ The app's tables, one module per concept, every model re-exported here
 
 from __future__ import annotations
 
+from pikku_django.models.charts import DELAY_BOUNDS_MS, DELAY_COLUMNS, WorkflowMinute, WorkflowOverview
 from pikku_django.models.events import WorkflowEvent, WorkflowStreamItem
 from pikku_django.models.fanout import FanOutKind, WorkflowFanOut
 from pikku_django.models.fields import ExactCharField
@@ -15,6 +16,7 @@ from pikku_django.models.queues import WorkflowQueue
 from pikku_django.models.runs import (
     DEFAULT_QUEUE,
     MAX_QUEUE_LENGTH,
+    TASK_WORKFLOW,
     RunStatus,
     StepStatus,
     WorkflowRun,
@@ -34,6 +36,8 @@ from pikku_django.models.schedules import (
 from pikku_django.models.workers import WorkflowWorker
 
 __all__ = [
+    "DELAY_BOUNDS_MS",
+    "DELAY_COLUMNS",
     "DEFAULT_QUEUE",
     "MAX_QUEUE_LENGTH",
     "MAX_SCHEDULE_NAME_LENGTH",
@@ -48,8 +52,11 @@ __all__ = [
     "RunStatus",
     "Skipped",
     "StepStatus",
+    "TASK_WORKFLOW",
     "WorkflowEvent",
     "WorkflowFanOut",
+    "WorkflowMinute",
+    "WorkflowOverview",
     "WorkflowPatch",
     "WorkflowQueue",
     "WorkflowRun",

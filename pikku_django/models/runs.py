@@ -15,6 +15,9 @@ from pikku_django.models.fields import ExactCharField
 #: The queue of a run started without one.
 DEFAULT_QUEUE = "default"
 
+#: The workflow every Django task's run is stored as (its task's dotted path is the input's "task").
+TASK_WORKFLOW = "pikku_django.task"
+
 #: Queue names are at most this long (a queue's slot lease keys must fit in 255).
 MAX_QUEUE_LENGTH = validate.MAX_QUEUE_LENGTH
 

@@ -41,6 +41,7 @@ from pikku_django.sql.leases import (
     SQLITE_LEASE_REFRESH,
     SQLITE_LEASE_RELEASE,
 )
+from pikku_django.sql.rollup import ROLLUP_STATEMENTS
 from pikku_django.sql.runs import MYSQL_RUN_TAKE_LOCK, POSTGRESQL_RUN_TAKE, RUN_STATEMENTS
 from pikku_django.sql.steps import (
     MYSQL_STEP_CLAIM,
@@ -61,6 +62,7 @@ STATEMENTS: dict[str, Variants] = {
     **ATTEMPT_STATEMENTS,
     **RUN_STATEMENTS,
     **END_STATEMENTS,
+    **ROLLUP_STATEMENTS,
 }
 
 _NOW = {"postgresql": POSTGRESQL_NOW_MS, "sqlite": SQLITE_NOW_MS, "mysql": MYSQL_NOW_MS}
@@ -109,6 +111,7 @@ _TABLES = {
     "step": "WorkflowStep",
     "attempt": "WorkflowStepAttempt",
     "queue": "WorkflowQueue",
+    "minute": "WorkflowMinute",
 }
 
 

@@ -42,6 +42,7 @@ from pikku_django.sql.cursors import (
 )
 from pikku_django.sql.drivers import driver
 from pikku_django.sql.runs import RUN_OUTCOMES
+from pikku_django.store import rollup
 from pikku_django.store.fanout import item_ended
 from pikku_django.wakeups import work_due
 
@@ -266,8 +267,9 @@ def end_runs(
     """
     End each unfinished run of ``run_ids`` with ``status`` and ``error(run_id)``,
     in one transaction: fence its running, sleeping and waiting steps, cancel
-    its unfinished descendants likewise, and settle the parent step of each
-    run ended. Returns the ids of the runs it ended.
+    its unfinished descendants likewise, settle the parent step of each
+    run ended, and add the failed ones to the per-minute rollup
+    (``rollup.add_runs_within``). Returns the ids of the runs it ended.
     """
     ended, _ = _end_batch(alias, list(run_ids), status=status, error=error, guard=guard)
     return ended
@@ -312,6 +314,7 @@ def _end_batch(
         # A top-level run has no parent step parked on it: only a child's end is handed on.
         for run_id in children_ended:
             settle_parent_step(alias, run_id)
+        rollup.add_runs_within(alias, ended, status)
         return ended, descendants
 
     return in_transaction(alias, write)

@@ -41,6 +41,7 @@ from pikku_django.sql.cursors import hot_cursor
 from pikku_django.sql.drivers import driver
 from pikku_django.sql.drivers.base import PassEnd, done_params
 from pikku_django.sql.runs import RUN_OUTCOMES
+from pikku_django.store import rollup
 from pikku_django.store.lifecycle import UNKNOWN, finish_run, outcome_params, stamp_end
 from pikku_django.wakeups import work_due
 
@@ -72,7 +73,9 @@ def write_held(alias: str, finishes: Sequence[HeldFinish]) -> None:
 
     def write() -> list[tuple[bool, bool | None]]:
         with _transaction(alias):
-            return write_within(alias, finishes)
+            written = write_within(alias, finishes)
+            add_ended_within(alias, finishes, written)
+            return written
 
     written = retried(connections[alias], write)
     for held, answer in zip(finishes, written, strict=True):
@@ -84,7 +87,8 @@ def write_within(alias: str, finishes: Sequence[HeldFinish]) -> list[tuple[bool,
     Held outcomes (``HeldFinish.write_within``) in the caller's transaction:
     those that are a pass's end, all in the fewest round trips the vendor
     allows (``Driver.end_passes``), then the others one by one. Each keeps
-    its own guards. Their answers, in the order of ``finishes``.
+    its own guards. Their answers, in the order of ``finishes``; the caller
+    adds the runs they ended to the per-minute rollup (``add_ended_within``).
     """
     connection = connections[alias]
     written: list[tuple[bool, bool | None] | None] = [None] * len(finishes)
@@ -99,6 +103,21 @@ def write_within(alias: str, finishes: Sequence[HeldFinish]) -> list[tuple[bool,
         held.write_within() if answer is None else answer
         for held, answer in zip(finishes, written, strict=True)
     ]
+
+
+def add_ended_within(
+    alias: str, finishes: Sequence[HeldFinish], written: Sequence[tuple[bool, bool | None]]
+) -> None:
+    """
+    The runs that held outcomes ended (``written``: ``write_within``'s
+    answers), added to the per-minute rollup in one statement
+    (``rollup.add_within``), last in the caller's transaction: the
+    rollup's row is locked from there to the commit only.
+    """
+    ended = [
+        rollup.ended(held.run, held.status) for held, (done, _) in zip(finishes, written, strict=True) if done
+    ]
+    rollup.add_within(alias, ended)
 
 
 def finish_pass(
@@ -119,7 +138,8 @@ def finish_pass(
     its attempt) and the release of the run lease ``held``. A superseded
     attempt raises ``StepSupersededError`` and the transaction writes
     nothing (the run's output came from a result that is not the step's).
-    True if the outcome was recorded. The lease stops being renewed first,
+    True if the outcome was recorded (and added to the per-minute rollup,
+    ``rollup.add_within``, in the same commit). The lease stops being renewed first,
     so no renewal races the release; ``held.released`` tells the lease's
     holder what the release answered.
     """
@@ -129,10 +149,10 @@ def finish_pass(
 
     def write() -> tuple[bool, bool | None]:
         with _transaction(alias, nests=parent_id is not None):
-            return (
-                _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields, into),
-                _release_within(alias, held),
-            )
+            done = _outcome_within(alias, run_id, status, outcome, parent_id, fence, fields, into)
+            if done:
+                rollup.add_within(alias, [rollup.ended(into, status)])
+            return done, _release_within(alias, held)
 
     done, released = retried(connections[alias], write)
     if held is not None and released is not None:

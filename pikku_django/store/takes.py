@@ -34,7 +34,8 @@ from pikku_django.sql.conflicts import retried
 from pikku_django.sql.cursors import hot_cursor, model_from_row
 from pikku_django.sql.drivers import driver
 from pikku_django.sql.drivers.base import Taken
-from pikku_django.store.passes import HeldFinish, put_back_within, write_within
+from pikku_django.store import rollup
+from pikku_django.store.passes import HeldFinish, add_ended_within, put_back_within, write_within
 
 if TYPE_CHECKING:
     from pikku_django.models import Lease, WorkflowRun, WorkflowStep
@@ -114,6 +115,7 @@ def take_run(
         with hot_cursor(connection) as cursor, one_transaction(connection, cursor):
             written = write_within(alias, finishes)
             take = _take_first(alias, cursor, candidates, holder, ttl_ms, retry_ms, first_step, ahead)
+            add_ended_within(alias, finishes, written)
         return written, take
 
     written, take = retried(connection, write)
@@ -177,6 +179,7 @@ def _take_within(
         return Take(True, run_id=run_id)
     # As the take left it (the due query reads only ids).
     run = model_from_row(WorkflowRun, alias, *taken[:2])
+    rollup.note_start(run, params["wake_at"], params["ttl_ms"])
     claimed: dict[str, int] = {}
     step = None if run is None or first_step is None else first_step(run)
     if step is None:
@@ -223,6 +226,7 @@ def _take_ahead_within(
         lease = None if taken is None else _run_lease(alias, candidate, each, taken, retry_ms)
         if taken is not None and lease is not None:
             run = model_from_row(WorkflowRun, alias, *taken[:2])
+            rollup.note_start(run, each["wake_at"], each["ttl_ms"])
             got.append((lease, run, _only_step(first_step, run)))
     claims = [(run.pk, step.name, step.rpc_name, step.lease_ms) for _, run, step in got if step is not None]
     rows = iter(WorkflowStep.objects.db_manager(alias).claim_many(claims, holder=holder, provisional=True))

@@ -17,11 +17,11 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from pikku_django import sql, validate
 from pikku_django.errors import StepLeaseExpiredError, TaskPathError, WorkerLostError
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from pikku_django.models.runs import TASK_WORKFLOW as TASK_WORKFLOW
 from pikku_django.sql.cursors import hot_cursor, model_from_row
 from pikku_django.tasks.compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 
-#: The workflow every task is stored as, and the name of its one step.
-TASK_WORKFLOW = "pikku_django.task"
+#: The name of a task run's one step (its workflow is ``TASK_WORKFLOW``).
 TASK_STEP = "task"
 
 

@@ -309,6 +309,7 @@ class CommandLineTests(ProcessTestCase):
             "signalled_runs",
             "pruned_leases",
             "pruned_runs",
+            "pruned_minutes",
             "duration_ms",
         }
         # A real pass changes them.
