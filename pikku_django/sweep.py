@@ -78,8 +78,8 @@ class SweepReport:
             f"({self.lapsed_runs} with a lapsed step, {self.stalled_runs} stalled, "
             f"{self.undispatched_runs} with undispatched steps; {self.backed_off_runs} left in back-off); "
             f"woke {self.signalled_runs} suspended runs whose signal was waiting; "
-            f"pruned {self.pruned_leases} leases, {self.pruned_runs} finished runs "
-            f"and {self.pruned_minutes} rollup minutes; {self.duration_ms} ms."
+            f"pruned {self.pruned_leases} leases, {self.pruned_minutes} rollup minutes "
+            f"and {self.pruned_runs} finished runs; {self.duration_ms} ms."
         )
 
 
