@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,6 +180,46 @@ def check_task_backends(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     if tasks_compat is None or tasks_compat.framework_checks_backends():
         return []
     return [message for alias in ours for message in tasks_compat.task_backends[alias].check()]
+
+
+#: The check ids of PIKKU_TASK_MODULES: not a list of dotted names; a name not importable.
+TASK_MODULES_CHECK_ID = "pikku_django.E022"
+TASK_MODULE_MISSING_CHECK_ID = "pikku_django.W022"
+
+
+@register(Tags.compatibility)
+def check_task_modules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """
+    PIKKU_TASK_MODULES is a list of dotted module names (modules outside the
+    installed apps whose tasks a worker may import); each is imported here,
+    and one that cannot be is a warning.
+    """
+    value = getattr(django_settings, "PIKKU_TASK_MODULES", [])
+    hint = 'Name the modules (or packages) of your tasks, e.g. PIKKU_TASK_MODULES = ["mysite.jobs"].'
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(name, str) and all(part.isidentifier() for part in name.split(".")) for name in value
+    ):
+        return [
+            Error(
+                f"PIKKU_TASK_MODULES must be a list of dotted module names, not {value!r}.",
+                hint=hint,
+                id=TASK_MODULES_CHECK_ID,
+            )
+        ]
+    warnings: list[CheckMessage] = []
+    for name in value:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            warnings.append(
+                CheckWarning(
+                    f"PIKKU_TASK_MODULES names {name!r}, which cannot be imported: {e}",
+                    hint="A worker refuses every task of a module it cannot import: fix the name or "
+                    "the module.",
+                    id=TASK_MODULE_MISSING_CHECK_ID,
+                )
+            )
+    return warnings
 
 
 #: The check id of PIKKU_RETENTION_MS.

@@ -109,6 +109,12 @@ class Settings:
         return int(self._get("PIKKU_TAKE_AHEAD_BELOW_MS"))
 
     @property
+    def TASK_MODULES(self) -> list[str]:  # noqa: N802
+        """Modules (and packages, with their modules) a stored task path may import (checks.py checks it)."""
+        value = getattr(django_settings, "PIKKU_TASK_MODULES", ())
+        return [name for name in value if isinstance(name, str)] if isinstance(value, (list, tuple)) else []
+
+    @property
     def QUEUES(self) -> dict[str, dict[str, Any]]:  # noqa: N802
         """PIKKU_QUEUES: per-queue options, ``{"emails": {"concurrency": 2}}`` (checked by E007)."""
         return dict(getattr(django_settings, "PIKKU_QUEUES", {}))

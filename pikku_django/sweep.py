@@ -25,7 +25,6 @@ from pikku_django.clock import DbNow
 from pikku_django.conf import conf
 from pikku_django.managers import FINISHED_RUN_STATUSES, SPENT
 from pikku_django.managers.base import write_alias
-from pikku_django.managers.run_queries import not_queued
 from pikku_django.models import (
     Lease,
     LeaseTokenFloor,
@@ -161,15 +160,16 @@ def wake_idle_runs(idle_ms: int, limit: int, dry_run: bool, alias: str) -> Woken
     # (WorkflowRunQuerySet.due_later(), issue 20).
     stuck = runs.get_queryset().idle(idle_ms).not_queued()
     stalled = set(stuck.order_by("updated_at").values_list("pk", flat=True)[:limit])
-    # Read from the pending steps (few: a queued task has none yet), each
-    # run judged by its key, never from a walk of the runs.
+    # Read from the runs neither queued nor due later (the not_queued ranges
+    # of the (status, wake_at) index), each one's steps probed by its key:
+    # a queued task's step is pending too, waiting its turn with its run, so
+    # the pending steps of a backlog are no more the sweep's to read than
+    # its runs.
     pending = steps.filter(
-        not_queued("run__"),
-        status="pending",
-        run__status="running",
-        updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS),
+        run=OuterRef("pk"), status="pending", updated_at__lte=DbNow(minus_ms=conf.UNDISPATCHED_AFTER_MS)
     )
-    undispatched = set(pending.values_list("run_id", flat=True)[:limit])
+    waiting = runs.get_queryset().running().not_queued().filter(Exists(pending)).order_by()
+    undispatched = set(waiting.values_list("pk", flat=True)[:limit])
     found = WokenRuns(len(lapsed), len(stalled), len(undispatched))
     due = lapsed | stalled | undispatched
     if due:

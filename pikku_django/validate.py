@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pikku_django.conf import conf
 from pikku_django.errors import InvalidArgumentError
@@ -135,6 +135,14 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 
 #: Queue names are at most this long, so a queue's slot lease keys fit in 255.
 MAX_QUEUE_LENGTH = 100
+
+#: What a start does when its dedup key is taken: return that run, or raise.
+DedupMode = Literal["return", "raise"]
+DEDUP_MODES: tuple[DedupMode, ...] = ("return", "raise")
+
+#: What a debounced run's input is: the last start's, or every start's in order.
+DebounceMode = Literal["last", "collect"]
+DEBOUNCE_MODES: tuple[DebounceMode, ...] = ("last", "collect")
 
 
 def queue_name(argument: str, value: object) -> str:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, router
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.fields.json import KeyTextTransform
 
 from pikku_django import models as pikku_models
@@ -131,7 +131,7 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
         """
 
         alias = self._write_db()
-        ids = list(self._signalled(alias).values_list("run_id", flat=True)[:limit])
+        ids = list(self._signalled_runs(alias)[:limit])
         if not ids:
             return 0
         # The guard's subquery reads no run row: MySQL refuses a subquery on
@@ -148,6 +148,18 @@ class WorkflowSignalManager(models.Manager["WorkflowSignal"]):
         if woken:
             work_due(alias)
         return woken
+
+    def _signalled_runs(self, alias: str) -> models.QuerySet[Any, Any]:
+        """
+        The ids of suspended runs with a wait whose signal is stored and
+        unconsumed, read from the signals not yet consumed (a range of the
+        ``consumed_by`` index), each one's wait probed by its run's key: the
+        steps of a backlog (a queued task's pending step, a sleeping run's)
+        are never walked.
+        """
+        waits = self._signalled(alias).filter(Q(wanted=OuterRef("name")), run_id=OuterRef("run_id"))
+        unconsumed = self.using(alias).filter(consumed_by__isnull=True).filter(Exists(waits))
+        return unconsumed.order_by().values_list("run_id", flat=True).distinct()
 
     def _signalled(self, alias: str, *, of_suspended_runs: bool = True) -> models.QuerySet[WorkflowStep]:
         """Suspended signal waits whose signal is stored and unconsumed (of suspended runs)."""

@@ -29,9 +29,8 @@ from pikku_django.clock import DbNowMs
 from pikku_django.models import FlowBucket, Lease, WorkflowRun
 from pikku_django.sql.conflicts import in_transaction
 
-#: What a debounced run's input is: the last start's, or every start's in order.
-DebounceMode = Literal["last", "collect"]
-DEBOUNCE_MODES: tuple[DebounceMode, ...] = ("last", "collect")
+DebounceMode = validate.DebounceMode
+DEBOUNCE_MODES = validate.DEBOUNCE_MODES
 
 #: ``debounce_until`` of a run with no ``debounce_max_ms``: no bound.
 NO_BOUND = 2**62

@@ -15,13 +15,13 @@ from typing import Literal
 
 from django.db import IntegrityError, connections
 
+from pikku_django import validate
 from pikku_django.errors import DuplicateRunError, PikkuError
 from pikku_django.models import WorkflowRun
 from pikku_django.sql.conflicts import in_transaction
 
-#: What a start does when its dedup key is taken: return that run, or raise.
-DedupMode = Literal["return", "raise"]
-DEDUP_MODES: tuple[DedupMode, ...] = ("return", "raise")
+DedupMode = validate.DedupMode
+DEDUP_MODES = validate.DEDUP_MODES
 
 #: How often a start tries again when the run that held its key ended
 #: between its insert and its read (each try is one read and one insert).

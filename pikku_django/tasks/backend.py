@@ -1,44 +1,25 @@
-"""``PikkuTaskBackend``: Django's Tasks framework on durable workflow runs."""
+"""
+``PikkuTaskBackend``: Django's Tasks framework on durable workflow runs.
+This module imports no model: Django builds the backend while apps may still
+be loading (an app whose ``__init__`` or ``AppConfig`` imports its ``@task``
+functions); what touches the models is ``tasks.stored``, imported at first use.
+"""
 
 from __future__ import annotations
 
-import uuid
+import importlib
+from types import ModuleType
 from typing import Any
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
-from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connections, router
 from django.utils.module_loading import autodiscover_modules
 
 from pikku_django import validate
-from pikku_django.clock import DbNowMs
-from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError, TaskArgumentsError
-from pikku_django.models import WorkflowRun, WorkflowStep
+from pikku_django.errors import InvalidArgumentError, PikkuConfigurationError
 from pikku_django.policy import StepPolicy, dump_policy, step_policy
-from pikku_django.store.debounce import start_debounced
-from pikku_django.store.dedup import start_deduplicated
-from pikku_django.tasks.compat import (
-    BaseTaskBackend,
-    Task,
-    TaskResult,
-    TaskResultDoesNotExist,
-    normalize_json,
-    task_enqueued,
-)
-from pikku_django.tasks.flow import collect_call, flow_arguments, fold_calls
-from pikku_django.tasks.options import check_task_options, make_task, task_flow
-from pikku_django.tasks.results import (
-    TASK_STEP,
-    TASK_WORKFLOW,
-    build_result,
-    epoch_ms,
-    from_epoch_ms,
-    read_result,
-    resolve_task,
-)
-from pikku_django.workflows import tracing
-from pikku_django.workflows.results import DEFAULT_RESULT_TIMEOUT_MS, wait_for_result
+from pikku_django.tasks.compat import BaseTaskBackend, Task, TaskResult
+from pikku_django.tasks.options import check_task_options, make_task
 
 #: The OPTIONS this backend reads, with their defaults: ``retries``,
 #: ``worker_losses`` and ``lease_ms``, and the defaults of a task's policy
@@ -56,6 +37,10 @@ OPTION_DEFAULTS: dict[str, Any] = {
 
 #: The OPTIONS that are defaults of a task's policy.
 POLICY_DEFAULTS = ("max_attempts", "backoff", "retry_on", "timeout_ms")
+
+#: ``wait()``'s timeout: ``workflows.results.DEFAULT_RESULT_TIMEOUT_MS``, which
+#: this module cannot import (that module imports the models).
+RESULT_TIMEOUT_MS = 30_000
 
 #: The check ids of ``PikkuTaskBackend.check()``.
 NOT_INSTALLED_CHECK_ID = "pikku_django.E020"
@@ -104,6 +89,7 @@ class PikkuTaskBackend(BaseTaskBackend):
         # Bad OPTIONS never raise here (Django builds every backend to check
         # it): check() reports them, and enqueue() refuses to store a task.
         self.retries, self.lease_ms = OPTION_DEFAULTS["retries"], OPTION_DEFAULTS["lease_ms"]
+        self.worker_losses: int = OPTION_DEFAULTS["worker_losses"]
         self.options_error: str | None = None
         try:
             self.retries, self.worker_losses, self.lease_ms = _read_options(self.options)
@@ -144,59 +130,23 @@ class PikkuTaskBackend(BaseTaskBackend):
         step: two INSERTs on the caller's connection, nothing read back.
         Inside ``transaction.atomic()`` they commit or roll back with the
         caller's own writes; outside, a crash between them leaves a run whose
-        worker inserts the step itself. The task's flow options (``key``,
-        ``dedup_key``, ``debounce_ms``, ...; ``tasks.flow``) are filled from
-        this call's arguments; a call deduplicated or debounced into a run
-        stored before gets that run's result (and sends no ``task_enqueued``).
+        worker inserts the step itself, with the same budget.
         """
         if self.options_error is not None:
             raise PikkuConfigurationError(self.options_error)
         if not isinstance(task, Task):
             raise InvalidArgumentError(f"task must be a Task (a @task function), not {type(task).__name__}.")
         self.validate_task(task)
-        # The worker finds the function again by this path, and only if it names a Task.
-        resolve_task(task.module_path)
-        try:
-            stored_args, stored_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        except (TypeError, ValueError) as e:
-            raise TaskArgumentsError(f"args and kwargs must be JSON-serialisable: {e}") from None
-        validate.json_value(
-            "args", {"args": stored_args, "kwargs": stored_kwargs}, not_json=TaskArgumentsError
-        )
-        flow, stored_args, stored_kwargs = _flow(task, args, kwargs, stored_args, stored_kwargs)
-        run_after_ms = None if task.run_after is None else epoch_ms(task.run_after)
-        stored, retries, worker_losses = self._stored(task, stored_args, stored_kwargs, run_after_ms)
-        alias = router.db_for_write(WorkflowRun)
-        with tracing.enqueue(task.module_path, task.queue_name) as traced:
-            run, new = _start(alias, task, stored, flow, run_after_ms, traced.context)
-            traced.started(run)
-        if not new:
-            # Deduplicated or debounced into a run stored before: its result as it stands.
-            return self.get_result(str(run.pk))
-        # Stored now, so that a worker only claims it.
-        try:
-            WorkflowStep.objects.db_manager(alias).insert_pending(
-                run,
-                TASK_STEP,
-                task.module_path,
-                retries=retries,
-                worker_losses=worker_losses,
-                deferred=run_after_ms is not None or "debounce_ms" in flow,
-            )
-        except IntegrityError:
-            if connections[alias].in_atomic_block:
-                raise
-            # In autocommit the run was due once its INSERT committed, and a
-            # worker took it and inserted the step itself: the task is stored
-            # (and running), as it would be had this INSERT come first.
-        result = build_result(task, self.alias, run, None, [], now_ms=0)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        return _stored().enqueue(self, task, args, kwargs)  # type: ignore[no-any-return]
 
-    def _stored(
+    def stored_input(
         self, task: Task[Any, Any], args: Any, kwargs: Any, run_after_ms: int | None
     ) -> tuple[dict[str, Any], int, int]:
-        """The input of the task's run, and its step's ``retries`` and ``worker_losses``."""
+        """
+        The input of the task's run, and its step's ``retries`` and
+        ``worker_losses``: the input carries the budget too, for a worker
+        that inserts the step itself.
+        """
         retries, worker_losses, policy = self._policy(task)
         stored = {
             "task": task.module_path,
@@ -204,12 +154,13 @@ class PikkuTaskBackend(BaseTaskBackend):
             "args": args,
             "kwargs": kwargs,
             "retries": retries,
+            "worker_losses": worker_losses,
             "lease_ms": self.lease_ms,
             "run_after_ms": run_after_ms,
         }
         if policy is not None:
             # Read by the worker that runs it (``runner.run_task``); none stored: judged as before.
-            stored.update(worker_losses=worker_losses, policy=dump_policy(policy))
+            stored["policy"] = dump_policy(policy)
         return stored, retries, worker_losses
 
     def _policy(self, task: Task[Any, Any]) -> tuple[int, int, StepPolicy | None]:
@@ -231,95 +182,22 @@ class PikkuTaskBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         """The task's result as stored now; ``TaskResultDoesNotExist`` for an unknown id."""
-        try:
-            pk = uuid.UUID(str(result_id))
-        except ValueError:
-            raise TaskResultDoesNotExist(result_id) from None
-        try:
-            run = WorkflowRun.objects.annotate(db_now_ms=DbNowMs()).get(pk=pk, workflow=TASK_WORKFLOW)
-        except (WorkflowRun.DoesNotExist, ValidationError):
-            raise TaskResultDoesNotExist(result_id) from None
-        stored = run.input or {}
-        task = resolve_task(stored.get("task")).using(queue_name=run.queue, priority=run.priority)
-        if stored.get("run_after_ms") is not None:
-            task = task.using(run_after=from_epoch_ms(stored["run_after_ms"]))
-        return read_result(task, str(stored.get("backend", self.alias)), run, run.db_now_ms)
+        return _stored().get_result(self, result_id)  # type: ignore[no-any-return]
 
-    def wait(self, result_id: str, timeout_ms: int = DEFAULT_RESULT_TIMEOUT_MS) -> TaskResult[Any, Any]:
+    def wait(self, result_id: str, timeout_ms: int = RESULT_TIMEOUT_MS) -> TaskResult[Any, Any]:
         """
         The task's result once it has finished (succeeded or failed for
         good), waited for on the database clock as ``wait_for_result`` does;
         ``ResultTimeoutError`` naming ``result_id`` once ``timeout_ms`` has passed.
         """
-        self.get_result(result_id)
-        wait_for_result(result_id, timeout_ms)
-        return self.get_result(result_id)
+        return _stored().wait(self, result_id, timeout_ms)  # type: ignore[no-any-return]
 
 
-def _flow(
-    task: Task[Any, Any], args: Any, kwargs: Any, stored_args: Any, stored_kwargs: Any
-) -> tuple[dict[str, Any], Any, Any]:
+def _stored() -> ModuleType:
     """
-    The flow arguments of this call of ``task`` (``tasks.flow``), and the
-    arguments to store: for a debounced task in ``"collect"`` mode, one
-    argument, the list of calls (this call alone until others join it).
+    ``pikku_django.tasks.stored``, what stores and reads tasks: imported by
+    name at first use, because it imports the models, and Django builds this
+    backend (a ``@task`` module asks it for its ``task_class``) while apps
+    may still be loading, before any model can be imported.
     """
-    flow = flow_arguments(task_flow(task), list(args), dict(kwargs), task.module_path)
-    if "debounce_ms" in flow and task.run_after is not None:
-        raise InvalidArgumentError("a debounced task cannot be given run_after: its burst says when it runs.")
-    if "debounce_ms" in flow and flow.get("debounce_mode") == "collect":
-        return flow, [[collect_call(stored_args, stored_kwargs)]], {}
-    return flow, stored_args, stored_kwargs
-
-
-def _start(
-    alias: str,
-    task: Task[Any, Any],
-    stored: dict[str, Any],
-    flow: dict[str, Any],
-    run_after_ms: int | None,
-    trace_context: dict[str, str] | None,
-) -> tuple[WorkflowRun, bool]:
-    """
-    The task's run, and whether this call stored it: a new run, or under the
-    task's flow options (``tasks.flow``) the run its ``dedup_key`` holds
-    (or ``DuplicateRunError``) or the open run of its debounced ``key``.
-    """
-    runs = WorkflowRun.objects.db_manager(alias)
-    made: list[WorkflowRun] = []
-
-    def create(value: Any = stored, wake_at: int | None = run_after_ms, until: int | None = None) -> Any:
-        run = runs.create_run(
-            TASK_WORKFLOW,
-            value,
-            queue=task.queue_name,
-            priority=task.priority,
-            wake_at=wake_at,
-            internal=True,
-            trace_context=trace_context,
-            key=flow.get("key"),
-            dedup_key=flow.get("dedup_key"),
-            debounce_until=until,
-        )
-        made.append(run)
-        return run
-
-    if "debounce_ms" in flow:
-        mode = flow.get("debounce_mode", "last")
-        run = start_debounced(
-            alias,
-            TASK_WORKFLOW,
-            flow["key"],
-            stored,
-            debounce_ms=flow["debounce_ms"],
-            debounce_max_ms=flow.get("debounce_max_ms"),
-            mode=mode,
-            create=create,
-            fold=fold_calls if mode == "collect" else None,
-            among={"input__task": task.module_path},
-        )
-    elif flow.get("dedup_key") is not None:
-        run = start_deduplicated(alias, create, TASK_WORKFLOW, flow["dedup_key"], flow.get("dedup", "return"))
-    else:
-        run = create()
-    return run, bool(made) and made[-1] is run
+    return importlib.import_module("pikku_django.tasks.stored")

@@ -20,8 +20,7 @@ from typing import Any
 
 from pikku_django import validate
 from pikku_django.errors import InvalidArgumentError
-from pikku_django.store.debounce import DEBOUNCE_MODES
-from pikku_django.store.dedup import DEDUP_MODES
+from pikku_django.validate import DEBOUNCE_MODES, DEDUP_MODES
 
 #: The options whose value is a key: a string, a format string or a callable.
 KEY_OPTIONS = ("key", "dedup_key")

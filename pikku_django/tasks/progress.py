@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from pikku_django.errors import PikkuError
-from pikku_django.workflows.current import current_step
 
 #: The event key a task's progress is kept under.
 PROGRESS_KEY = "progress"
@@ -17,7 +17,10 @@ def set_progress(value: Any) -> None:
     counts), fenced to its attempt: a superseded attempt raises
     ``StepSupersededError`` and writes nothing. Also works in a workflow's step.
     """
-    step = current_step()
+    # By name at call time: ``pikku_django.tasks`` exports this function, and
+    # that package is imported while apps load, before the workflows (and the
+    # models they import) can be.
+    step = importlib.import_module("pikku_django.workflows.current").current_step()
     if step is None:
         raise PikkuError("set_progress() reports the progress of a running task: call it inside the task.")
     step.set_event(PROGRESS_KEY, value)

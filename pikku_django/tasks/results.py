@@ -12,9 +12,11 @@ import sys
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from pikku_django import sql, validate
+from pikku_django.conf import conf
 from pikku_django.errors import StepLeaseExpiredError, TaskPathError, WorkerLostError
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.models.runs import TASK_WORKFLOW as TASK_WORKFLOW
@@ -29,8 +31,9 @@ def resolve_task(path: object) -> Task[..., Any]:
     """
     The ``Task`` that ``path`` names, found among the Tasks this process
     knows: an attribute of a module already imported, or of a module of an
-    installed app (imported then, as the admin imports admin.py). Nothing
-    else is imported, so a stored path never runs the module-level code of
+    installed app, of the settings module's package or of
+    ``PIKKU_TASK_MODULES`` (imported then, as the admin imports admin.py;
+    ``may_import``). Nothing else is imported, so a stored path never runs the module-level code of
     an arbitrary module; a path that names anything but a Task (a plain
     function, a class, a module) is refused with ``TaskPathError`` and never
     called.
@@ -45,9 +48,12 @@ def resolve_task(path: object) -> Task[..., Any]:
         # on a worker of several lanes): the import waits for it to finish.
         module = importlib.import_module(module_name)
     if module is None:
-        if not _of_an_installed_app(module_name):
+        if not may_import(module_name):
             raise TaskPathError(
-                path, f"{module_name!r} is neither imported nor a module of an installed app", missing=True
+                path,
+                f"{module_name!r} is not imported, and is in no installed app, nor in the settings "
+                "module's package, nor in PIKKU_TASK_MODULES",
+                missing=True,
             )
         try:
             module = importlib.import_module(module_name)
@@ -63,12 +69,18 @@ def resolve_task(path: object) -> Task[..., Any]:
     return found
 
 
-def _of_an_installed_app(module_name: str) -> bool:
-    """Is ``module_name`` an installed app's package or inside it?"""
-    return any(
-        module_name == config.name or module_name.startswith(f"{config.name}.")
-        for config in apps.get_app_configs()
-    )
+def may_import(module_name: str) -> bool:
+    """
+    May a stored task path import ``module_name``? When it is, or is inside,
+    an installed app's package, the package of the settings module (the
+    project's own, where ``settings.py`` lives), or a module or package that
+    ``PIKKU_TASK_MODULES`` names.
+    """
+    settings_package = (settings.SETTINGS_MODULE or "").rpartition(".")[0]
+    roots = [config.name for config in apps.get_app_configs()]
+    roots += [settings_package] if settings_package else []
+    roots += conf.TASK_MODULES
+    return any(module_name == root or module_name.startswith(f"{root}.") for root in roots)
 
 
 def epoch_ms(when: datetime.datetime) -> int:

@@ -190,7 +190,11 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
     args, kwargs = input["args"], input["kwargs"]
     # The task's policy as its enqueue stored it (none stored: judged as before).
     options = load_policy(input["policy"]) if "policy" in input else {}
-    policy = step_policy(**options, worker_losses=input.get("worker_losses"))
+    # Its budget of lost workers, whoever inserts the step (enqueue, or this
+    # pass when enqueue died between its two INSERTs); a run stored without
+    # one has its backend's.
+    worker_losses = input.get("worker_losses", getattr(task_backends[alias], "worker_losses", None))
+    policy = step_policy(**options, worker_losses=worker_losses) if "policy" in input else None
     ctx.timeout_error = TaskTimeoutError
 
     # Named after the task's function, so the step's rpc_name is the task's
@@ -228,7 +232,7 @@ def run_task(ctx: RunContext, input: dict[str, Any]) -> Any:
         attempt,
         retries=input["retries"],
         lease_ms=input.get("lease_ms"),
-        worker_losses=input.get("worker_losses"),
+        worker_losses=worker_losses,
         **options,
     )
 

@@ -10,7 +10,7 @@ import datetime
 
 from django.db import connection
 
-from pikku_django.models import Lease, WorkflowRun
+from pikku_django.models import Lease, WorkflowRun, WorkflowStep
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
@@ -69,6 +69,34 @@ def load(future: int, queued: int, *, priority: int = 0) -> int:
     return now
 
 
+def load_pending_steps() -> int:
+    """
+    A pending step for each queued task of the backlog, as ``enqueue`` stores
+    it with its run (one INSERT ... SELECT), then ANALYZE. Returns how many.
+    """
+    if connection.vendor == "postgresql":
+        step_id = "gen_random_uuid()"
+    elif connection.vendor == "mysql":
+        step_id = "UUID()"
+    else:
+        step_id = "lower(hex(randomblob(16)))"
+    runs, steps = WorkflowRun._meta.db_table, WorkflowStep._meta.db_table
+    columns = (
+        "id, run_id, step_name, rpc_name, status, retries, worker_losses, attempt, budget_base, losses, "
+        "provisional, created_at, updated_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {steps} ({columns}) SELECT {step_id}, r.id, 'task', 'backlog.task', "  # noqa: S608
+            "'pending', 0, 2, 1, 0, 0, %s, r.created_at, r.updated_at "
+            f"FROM {runs} r WHERE r.workflow = %s AND r.wake_at <= %s",
+            [False, WORKFLOW, Lease.objects.db_now_ms()],
+        )
+        inserted = cursor.rowcount
+    analyze()
+    return inserted
+
+
 def analyze() -> None:
     """Fresh planner statistics for the run and step tables."""
     with connection.cursor() as cursor:
@@ -79,5 +107,6 @@ def analyze() -> None:
 
 
 def clear() -> None:
-    """Delete the backlog's runs in one DELETE (they have no steps, nothing points at them)."""
+    """Delete the backlog's runs in one DELETE each for their steps and them (nothing else points at them)."""
+    WorkflowStep.objects.filter(run__workflow=WORKFLOW)._raw_delete(connection.alias)
     WorkflowRun.objects.filter(workflow=WORKFLOW)._raw_delete(connection.alias)

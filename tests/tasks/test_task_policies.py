@@ -19,7 +19,7 @@ from pikku_django.tasks import PikkuTask, options
 from pikku_django.tasks.compat import Task, TaskResultStatus, task_backends
 from pikku_django.tasks.options import _UNKNOWN, check_task_options, make_task
 from pikku_django.worker import Worker
-from testproject.testing import policy_tasks
+from testproject.testing import policy_tasks, tasks
 from tests.support.children import poll_until
 from tests.support.workers import epoch_ms
 
@@ -135,3 +135,39 @@ class TaskOptionValueTests(SimpleTestCase):
         assert made.using(priority=5).option_dict == made.option_dict
         with pytest.raises(TypeError):
             options(max_attempts=2)(policy_tasks._fail)  # type: ignore[arg-type]
+
+
+class WorkerInsertedStepTests(TransactionTestCase):
+    """
+    ``enqueue`` outside a transaction dies between its two INSERTs: the run
+    is stored, its step is not, and the worker that takes the run inserts the
+    step itself, with the same budget the backend gives (issue 30).
+    """
+
+    def without_step(self, result: Any, *, stored_budget: bool = True) -> Any:
+        """``result``'s run as that crash leaves it (``stored_budget`` False: stored by an older enqueue)."""
+        WorkflowStep.objects.filter(run_id=result.id).delete()
+        if not stored_budget:
+            run = WorkflowRun.objects.get(pk=result.id)
+            run.input.pop("worker_losses")
+            run.save(update_fields=["input"])
+        return result
+
+    def test_the_step_has_its_backends_retries_and_worker_losses(self) -> None:
+        cases = [
+            (tasks.add, (1, 2), {}, (0, 2)),  # the default backend
+            (tasks.note_without_losses, ("n",), {}, (1, 0)),  # OPTIONS retries 1, worker_losses 0
+            (tasks.flaky, (), {"succeed_on": 1}, (2, 2)),  # OPTIONS retries 2
+        ]
+        for task, args, kwargs, budget in cases:
+            for stored_budget in (True, False):
+                result = self.without_step(task.enqueue(*args, **kwargs), stored_budget=stored_budget)
+                assert finished(result).status == TaskResultStatus.SUCCESSFUL, result.errors
+                step = WorkflowStep.objects.get(run_id=result.id)
+                assert (step.retries, step.worker_losses) == budget, (task, stored_budget)
+
+    def test_a_task_with_its_own_policy_keeps_it(self) -> None:
+        result = self.without_step(policy_tasks.through_task.enqueue("inserted", 1))
+        assert finished(result).status == TaskResultStatus.SUCCESSFUL
+        step = WorkflowStep.objects.get(run_id=result.id)
+        assert (step.retries, step.worker_losses) == (2, 2)

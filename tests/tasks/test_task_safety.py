@@ -248,7 +248,7 @@ class PathTests(TransactionTestCase):
         (tmp / f"{name}.py").write_text(EVIL.format(marker=str(marker)))
         sys.path.insert(0, str(tmp))
         try:
-            with pytest.raises(TaskPathError, match="neither imported nor a module of an installed app"):
+            with pytest.raises(TaskPathError, match="is not imported, and is in no installed app"):
                 resolve_task(f"{name}.thing")
             assert not marker.exists() and name not in sys.modules
             # A stored run naming it fails, and still imports nothing.
