@@ -122,3 +122,14 @@ def fan_mix(ctx: Any, input: dict[str, Any]) -> Any:
     ctx.sleep("nap", input.get("nap_ms", 20))
     second = ctx.map("second", add_one, first, max_parallel=input.get("max_parallel"))
     return {"child": child, "sum": ctx.step("sum", _total, second)}
+
+
+def padded(item: dict[str, Any]) -> str:
+    """An item's result of ``item["n"]`` characters (``n + 2`` bytes of JSON)."""
+    return "x" * int(item["n"])
+
+
+@workflow("test.map_padded")
+def map_padded(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.map`` of ``padded`` over ``input["items"]``, never retried; its failure fails the run."""
+    return ctx.map("items", padded, input["items"], retries=0, max_parallel=input.get("max_parallel"))
