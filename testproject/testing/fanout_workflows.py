@@ -124,6 +124,12 @@ def fan_mix(ctx: Any, input: dict[str, Any]) -> Any:
     return {"child": child, "sum": ctx.step("sum", _total, second)}
 
 
+@workflow("test.signal_children")
+def signal_children(ctx: Any, input: dict[str, Any]) -> Any:
+    """``input["n"]`` children of ``test.signals``, one at a time: each waits for its signal "go"."""
+    return ctx.workflows("kids", "test.signals", [{"name": "go", "waits": 1}] * input["n"], max_parallel=1)
+
+
 def padded(item: dict[str, Any]) -> str:
     """An item's result of ``item["n"]`` characters (``n + 2`` bytes of JSON)."""
     return "x" * int(item["n"])

@@ -91,6 +91,18 @@ class MetricsTests(TransactionTestCase):
             assert [value for _, value in buckets] == sorted(value for _, value in buckets)
             assert buckets[-1][1] == n
 
+    def test_a_fan_outs_held_items_are_pending_not_suspended(self) -> None:
+        # Three children one at a time: one waits for its signal, two are held.
+        parent = start_workflow("test.signal_children", {"n": 3}, queue="kids")
+        run_workflow(parent.pk)
+        first = WorkflowRun.objects.get(parent=parent, parent_index=0)
+        run_workflow(first.pk)
+        assert WorkflowRun.objects.filter(queue="kids", status="suspended").count() == 3
+        found = samples(self.scrape())["pikku_runs"]
+        assert found[(("queue", "kids"), ("status", "suspended"))] == 1
+        assert found[(("queue", "kids"), ("status", "pending"))] == 2
+        assert found[(("queue", "kids"), ("status", "running"))] == 1
+
     def test_live_workers_are_the_holders_of_live_run_leases(self) -> None:
         for holder in ("w1", "w1/2", "w2"):
             Lease.objects.acquire(f"workflow-run:{holder}", holder, 60_000)
