@@ -8,7 +8,7 @@ the metrics alike, and ``suspended`` is left to the runs that wait.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 
@@ -35,7 +35,7 @@ def held_items() -> Q:
     """
     waiting = pikku_models.WorkflowStep.objects.filter(run=OuterRef("pk"), status="suspended")
     held = Q(status=HELD, wake_at__isnull=True, error__isnull=True, parent_step__isnull=False)
-    return held & ~Exists(waiting)
+    return cast(Q, held & ~Exists(waiting))
 
 
 def shown_as(status: str) -> Q:
@@ -47,7 +47,7 @@ def shown_as(status: str) -> Q:
     return Q(status=status)
 
 
-def is_held_annotation() -> ExpressionWrapper:
+def is_held_annotation() -> ExpressionWrapper[Q]:
     """``held_items()`` as a boolean column of each run (``is_held``)."""
     return ExpressionWrapper(held_items(), output_field=BooleanField())
 

@@ -30,7 +30,7 @@ from pikku_django.managers.base import (
     WOKEN,
     serialize_error,
 )
-from pikku_django.managers.held import HELD
+from pikku_django.managers.held import HELD as HELD
 from pikku_django.managers.versions import code_version
 from pikku_django.models import Lease, WorkflowFanOut, WorkflowRun, WorkflowStep
 from pikku_django.models.fanout import FanOutKind
