@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from pikku_django.clock import EpochMs
 from pikku_django.conf import conf
+from pikku_django.managers.held import HELD, PENDING, held_items
 from pikku_django.models import Lease, WorkflowRun, WorkflowStepAttempt, WorkflowWorker
 from pikku_django.sql.names import names_held
 
@@ -54,18 +55,32 @@ class PikkuCollector(Collector):
         runs = WorkflowRun.objects.using(self.using)
         attempts = WorkflowStepAttempt.objects.using(self.using)
         queues: set[str] = set()
-        by_status = GaugeMetricFamily(
-            "pikku_runs", "Runs kept, by queue and status.", labels=["queue", "status"]
-        )
-        for queue, status, count in runs.order_by().values_list("queue", "status").annotate(n=Count("pk")):
-            queues.add(queue)
-            by_status.add_metric([queue, status], count)
-        yield by_status
+        yield self._by_status(runs, queues)
         yield self._oldest_due(runs, now, queues)
         yield self._workers_live()
         yield self._start_delays(runs)
         yield self._step_durations(attempts)
         yield from self._attempts(attempts)
+
+    def _by_status(self, runs: QuerySet[WorkflowRun], queues: set[str]) -> Metric:
+        """
+        Runs by queue and the status a user is shown: a fan-out's items not
+        released yet are ``pending``, not ``suspended`` (``managers.held``).
+        """
+        by_status = GaugeMetricFamily(
+            "pikku_runs", "Runs kept, by queue and status.", labels=["queue", "status"]
+        )
+        counts = {
+            (queue, status): count
+            for queue, status, count in runs.order_by().values_list("queue", "status").annotate(n=Count("pk"))
+        }
+        for queue, count in runs.filter(held_items()).order_by().values_list("queue").annotate(n=Count("pk")):
+            counts[(queue, HELD)] -= count
+            counts[(queue, PENDING)] = count
+        for (queue, status), count in counts.items():
+            queues.add(queue)
+            by_status.add_metric([queue, status], count)
+        return by_status
 
     def _oldest_due(self, runs: QuerySet[WorkflowRun], now: int, queues: set[str]) -> Metric:
         oldest = GaugeMetricFamily(

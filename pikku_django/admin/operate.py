@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from pikku_django.admin.base import has_change_perm, short_uuid
 from pikku_django.errors import InvalidArgumentError
 from pikku_django.managers.base import PARKED, write_alias
+from pikku_django.managers.held import PENDING_LABEL, SHOWN_STATUSES, shown_as
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.store.operate import RETRYABLE_RUN_STATUSES, retry_run
 from pikku_django.workflows.operate import fork_workflow
@@ -38,7 +39,11 @@ PARKED_RUNS = "parked"
 
 
 class RunStatusFilter(admin.SimpleListFilter):
-    """A status filter with one more choice: the failed and the cancelled runs together."""
+    """
+    A status filter by the status each run is shown with (a fan-out's items
+    not released yet are ``pending``, not ``suspended``), with two more
+    choices: the failed and the cancelled runs together, and the parked ones.
+    """
 
     title = "status"
     parameter_name = "status"
@@ -47,7 +52,7 @@ class RunStatusFilter(admin.SimpleListFilter):
         return [
             (DEAD_LETTERS, "dead letters (failed or cancelled)"),
             (PARKED_RUNS, "parked (history no longer fits the code)"),
-            *RunStatus.choices,
+            *[(status, _label(status)) for status in SHOWN_STATUSES],
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -56,9 +61,13 @@ class RunStatusFilter(admin.SimpleListFilter):
             return queryset.filter(status__in=RETRYABLE_RUN_STATUSES)
         if value == PARKED_RUNS:
             return queryset.filter(PARKED)
-        if value in RunStatus.values:
-            return queryset.filter(status=value)
+        if value in SHOWN_STATUSES:
+            return queryset.filter(shown_as(value))
         return queryset
+
+
+def _label(status: str) -> str:
+    return str(RunStatus(status).label) if status in RunStatus.values else PENDING_LABEL
 
 
 def retry_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:

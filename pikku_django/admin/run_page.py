@@ -22,6 +22,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from pikku_django.admin.base import has_change_perm, short_uuid
+from pikku_django.managers.held import PENDING, PENDING_LABEL
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.store.operate import RETRYABLE_RUN_STATUSES
 from pikku_django.tasks.results import TASK_WORKFLOW
@@ -32,7 +33,8 @@ from pikku_django.workflows.operate import retry_workflow
 PAGE_REQUEST: ContextVar[HttpRequest | None] = ContextVar("pikku_run_page_request", default=None)
 
 #: The colour of each run status, on the list and the run's page.
-STATUS_COLOURS = {
+STATUS_COLOURS: dict[str, str] = {
+    PENDING: "#5c6bc0",
     RunStatus.RUNNING: "#1565c0",
     RunStatus.SUSPENDED: "#6d4c41",
     RunStatus.COMPLETED: "#2e7d32",
@@ -49,8 +51,10 @@ def run_name(run: WorkflowRun) -> str:
 
 
 def coloured_status(status: str) -> str:
-    colour = STATUS_COLOURS.get(status, "inherit")  # type: ignore[call-overload]
-    return format_html('<strong style="color: {}">{}</strong>', colour, status)
+    """A status as shown (``managers.held.shown_status``), in its colour; ``pending`` in words."""
+    colour = STATUS_COLOURS.get(status, "inherit")
+    shown = PENDING_LABEL if status == PENDING else status
+    return format_html('<strong style="color: {}">{}</strong>', colour, shown)
 
 
 def error_last_line(error: Any) -> str:
@@ -136,8 +140,9 @@ class LevelFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         value = self.value()
-        if value == "all" or request.GET.get("parent_step"):
-            # The items of one fan-out (its run page's link) are what was asked for.
+        if value == "all" or request.GET.get("parent_step") or request.GET.get("status") == PENDING:
+            # The items of one fan-out (its run page's link), or the items not
+            # released yet (only items are), are what was asked for.
             return queryset
         if value == "only":
             return queryset.filter(parent_step__isnull=False)

@@ -52,6 +52,7 @@ from pikku_django.admin.timeline import run_timeline
 from pikku_django.admin.waits import WorkflowSignalInline, describe_wait, waiting_annotations
 from pikku_django.clock import DbNowMs, EpochMs
 from pikku_django.managers import WorkflowRunQuerySet
+from pikku_django.managers.held import is_held_annotation, shown_status
 from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
 
 
@@ -94,7 +95,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
         "timeline",
         "id",
         "workflow",
-        "status",
+        "status_display",
         "queue",
         "priority",
         "steps_display",
@@ -154,6 +155,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
             created_ms=EpochMs("created_at"),
             steps_total=step_counts(),
             steps_done=step_counts(StepStatus.SUCCEEDED),
+            is_held=is_held_annotation(),
             **waiting_annotations(),
         )
 
@@ -189,7 +191,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
         error = error_last_line(obj.error)
         return format_html(
             '{} · <strong>{}</strong> · queue {} · {} old{}<div style="margin-top: .5em">{}</div>',
-            coloured_status(obj.status),
+            coloured_status(shown_status(obj)),
             run_name(obj),
             obj.queue,
             self.age(obj),
@@ -203,7 +205,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: WorkflowRun) -> str:
-        return coloured_status(obj.status)
+        return coloured_status(shown_status(obj))
 
     @admin.display(description="error")
     def error_display(self, obj: WorkflowRun) -> str:

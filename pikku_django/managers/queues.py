@@ -11,12 +11,14 @@ from django.db.models.functions import Coalesce, RowNumber
 from pikku_django import models as pikku_models
 from pikku_django.clock import DbNowMs
 from pikku_django.managers.base import ACTIVE_RUN_STATUSES
+from pikku_django.managers.held import SHOWN_STATUSES, shown_as
 
 if TYPE_CHECKING:
     from pikku_django.models.queues import WorkflowQueue  # noqa: F401
 
-#: The run statuses the cockpit counts per queue, in the order it shows them.
-QUEUE_STATUSES = ("running", "suspended", "completed", "failed", "cancelled")
+#: The run statuses the cockpit counts per queue, in the order it shows them
+#: (``pending``: a fan-out's items not released yet, ``managers.held``).
+QUEUE_STATUSES = SHOWN_STATUSES
 
 
 def _one(queryset: models.QuerySet[models.Model], aggregate: models.Aggregate) -> Subquery:
@@ -40,7 +42,7 @@ class WorkflowQueueQuerySet(models.QuerySet["WorkflowQueue"]):
         runs = pikku_models.WorkflowRun.objects.filter(queue=OuterRef("name"))
         due = runs.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=DbNowMs())
         counts = {
-            f"runs_{status}": Coalesce(_one(runs.filter(status=status), Count("pk")), 0)
+            f"runs_{status}": Coalesce(_one(runs.filter(shown_as(status)), Count("pk")), 0)
             for status in QUEUE_STATUSES
         }
         return self.annotate(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from django.db import IntegrityError
 from django.db.models import F, Value

@@ -11,7 +11,6 @@ moment its run ends (completed, failed or cancelled).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from django.db import IntegrityError, connections
 

@@ -30,6 +30,7 @@ from pikku_django.managers.base import (
     WOKEN,
     serialize_error,
 )
+from pikku_django.managers.held import HELD as HELD
 from pikku_django.managers.versions import code_version
 from pikku_django.models import Lease, WorkflowFanOut, WorkflowRun, WorkflowStep
 from pikku_django.models.fanout import FanOutKind
@@ -39,8 +40,6 @@ from pikku_django.wakeups import work_due
 #: write lock (SQLite's is the whole database's) for long.
 INSERT_BATCH = 500
 
-#: The status of an item not released yet: no worker takes it (no ``wake_at``).
-HELD = "suspended"
 
 #: The ``rpc_name`` of a ``ctx.map`` step and of a ``ctx.workflows`` step.
 MAP_RPC = "pikku.map"

@@ -137,6 +137,9 @@ class AttemptsMixin:
     _stop: threading.Event | None
     #: The policy of the step this pass runs now (``ctx.step``'s options), or None.
     _policy: StepPolicy | None = None
+    #: The most bytes of JSON a step's result may take in this run, and why
+    #: (a map item's share of ``PIKKU_MAX_JSON_BYTES``); None: the limit alone.
+    result_bound: tuple[int, str] | None = None
     #: What an attempt past its ``timeout_ms`` fails with (a task's run sets ``TaskTimeoutError``).
     timeout_error: type[StepTimeoutError] = StepTimeoutError
     #: Told of an attempt this lane failed by its timeout (a task's run reports it).
@@ -308,6 +311,7 @@ class AttemptsMixin:
         try:
             # The result is refused before any SQL runs when it is not JSON.
             finish = self._steps_store().prepare_finish(step.pk, step.attempt, result=result)
+            self._within_bound(finish)
         except InvalidArgumentError as error:
             renewal.stop()
             bad = TypeError(
@@ -325,6 +329,12 @@ class AttemptsMixin:
             renewal.stop()
             self._write_outcome(step, finish)
         step.status, step.result, step.error, step.lease_expires_at = "succeeded", finish.stored, None, None
+
+    def _within_bound(self, finish: PreparedFinish) -> None:
+        """Refuse a result longer than ``result_bound`` (``InvalidArgumentError``, before any SQL)."""
+        text = finish.result_text
+        if self.result_bound is not None and text is not None and len(text) > self.result_bound[0]:
+            raise InvalidArgumentError(f"result is {len(text)} bytes of JSON; {self.result_bound[1]}.")
 
     def _steps_store(self) -> Any:
         return WorkflowStep.objects.db_manager(self._using)

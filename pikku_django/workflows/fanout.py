@@ -22,6 +22,7 @@ from django.db.models import F
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
+from pikku_django.conf import conf
 from pikku_django.errors import (
     FanOutReplayError,
     InvalidArgumentError,
@@ -74,9 +75,30 @@ def import_function(path: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
+def item_result_bound(count: int) -> int:
+    """
+    The most bytes of JSON one item's result may take so that the list of
+    a map's ``count`` results fits ``PIKKU_MAX_JSON_BYTES``: its share of
+    the limit, less the two bytes of the ", " that follows it in the list.
+    """
+    return conf.MAX_JSON_BYTES // count - 2
+
+
 @workflow(MAP_ITEM_WORKFLOW, internal=True)
 def map_item(ctx: Any, input: dict[str, Any]) -> Any:
-    """One item of a ``ctx.map``: its function called on it, as a step of this run."""
+    """
+    One item of a ``ctx.map``: its function called on it, as a step of this
+    run, whose result is bounded by its share of ``PIKKU_MAX_JSON_BYTES``
+    (``item_result_bound``, judged by the limit as it is when the item runs).
+    """
+    count = input.get("of")
+    if count:
+        bound = item_result_bound(int(count))
+        ctx.result_bound = (
+            bound,
+            f"an item of a map of {count} items stores at most {bound} bytes, its share of "
+            f"PIKKU_MAX_JSON_BYTES ({conf.MAX_JSON_BYTES}), so that the list of their results can be stored",
+        )
     fn = import_function(input["fn"])
     options = dict(input.get("options", {}))
     # The map's policy as stored (backoff and retry_on by their paths).
@@ -88,6 +110,16 @@ def _json_list(argument: str, values: object) -> list[Any]:
     if not isinstance(values, (list, tuple)):
         raise InvalidArgumentError(f"{argument} must be a list of JSON values, not {type(values).__name__}.")
     return [validate.json_value(f"{argument}[{index}]", value) for index, value in enumerate(values)]
+
+
+def _results_fit(count: int) -> None:
+    """Refuse a map of ``count`` items whose list of results could not be stored, were each ``null``."""
+    if count and item_result_bound(count) < len("null"):
+        raise InvalidArgumentError(
+            f"items: the results of {count} items cannot be stored as one list within "
+            f"PIKKU_MAX_JSON_BYTES ({conf.MAX_JSON_BYTES}), at most {item_result_bound(count)} bytes each; "
+            "map fewer items per step, or raise the limit."
+        )
 
 
 def _max_parallel(value: object) -> int | None:
@@ -198,7 +230,8 @@ class FanOutMixin:
             given = {"max_attempts": policy.max_attempts, "worker_losses": policy.worker_losses}
             options.update({key: value for key, value in given.items() if value is not None})
             options["policy"] = dump_policy(policy)
-        item = {"fn": path, "step": name, **({"options": options} if options else {})}
+        _results_fit(len(values))
+        item = {"fn": path, "step": name, "of": len(values), **({"options": options} if options else {})}
         inputs = [{**item, "item": value} for value in values]
         return self._fan_out(
             name, MAP_RPC, FanOutKind.MAP, MAP_ITEM_WORKFLOW, inputs, values, limit, {"fn": path}, keys

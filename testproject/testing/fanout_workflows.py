@@ -144,3 +144,20 @@ def keyed_children(ctx: Any, input: dict[str, Any]) -> Any:
     """``ctx.workflows`` of ``test.echo_input`` over ``input["inputs"]``, each under its tenant's key."""
     inputs = input["inputs"]
     return ctx.workflows("kids", "test.echo_input", inputs, key=lambda each: f"tenant:{each['tenant']}")
+
+
+@workflow("test.signal_children")
+def signal_children(ctx: Any, input: dict[str, Any]) -> Any:
+    """``input["n"]`` children of ``test.signals``, one at a time: each waits for its signal "go"."""
+    return ctx.workflows("kids", "test.signals", [{"name": "go", "waits": 1}] * input["n"], max_parallel=1)
+
+
+def padded(item: dict[str, Any]) -> str:
+    """An item's result of ``item["n"]`` characters (``n + 2`` bytes of JSON)."""
+    return "x" * int(item["n"])
+
+
+@workflow("test.map_padded")
+def map_padded(ctx: Any, input: dict[str, Any]) -> Any:
+    """``ctx.map`` of ``padded`` over ``input["items"]``, never retried; its failure fails the run."""
+    return ctx.map("items", padded, input["items"], retries=0, max_parallel=input.get("max_parallel"))

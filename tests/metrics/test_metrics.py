@@ -111,6 +111,18 @@ class MetricsTests(TransactionTestCase):
             for lock in locks:
                 lock.release()
 
+    def test_a_fan_outs_held_items_are_pending_not_suspended(self) -> None:
+        # Three children one at a time: one waits for its signal, two are held.
+        parent = start_workflow("test.signal_children", {"n": 3}, queue="kids")
+        run_workflow(parent.pk)
+        first = WorkflowRun.objects.get(parent=parent, parent_index=0)
+        run_workflow(first.pk)
+        assert WorkflowRun.objects.filter(queue="kids", status="suspended").count() == 3
+        found = samples(self.scrape())["pikku_runs"]
+        assert found[(("queue", "kids"), ("status", "suspended"))] == 1
+        assert found[(("queue", "kids"), ("status", "pending"))] == 2
+        assert found[(("queue", "kids"), ("status", "running"))] == 1
+
     def test_a_scrape_reads_the_same_number_of_queries_however_many_runs(self) -> None:
         self.some_runs()
         self.client.force_login(self.staff)
