@@ -8,7 +8,7 @@ from __future__ import annotations
 from pikku_django.models.charts import DELAY_BOUNDS_MS, DELAY_COLUMNS, WorkflowMinute, WorkflowOverview
 from pikku_django.models.events import WorkflowEvent, WorkflowStreamItem
 from pikku_django.models.fanout import FanOutKind, WorkflowFanOut
-from pikku_django.models.fields import ExactCharField
+from pikku_django.models.fields import ExactCharField, PartialIndex
 from pikku_django.models.flow import FlowBucket, FlowKey
 from pikku_django.models.leases import Lease, LeaseTokenFloor
 from pikku_django.models.patches import WorkflowPatch
@@ -43,6 +43,7 @@ __all__ = [
     "MAX_SCHEDULE_NAME_LENGTH",
     "CatchUp",
     "ExactCharField",
+    "PartialIndex",
     "FanOutKind",
     "FlowBucket",
     "FlowKey",

@@ -19,6 +19,7 @@ WORKFLOW = "backlog"
 #: The ids are sequential under a prefix of their own: one per kind.
 FUTURE_PREFIX = "b4c10000"
 QUEUED_PREFIX = "b4c20000"
+CHILD_PREFIX = "b4c30000"
 
 
 def _numbers(count: int) -> str:
@@ -67,6 +68,26 @@ def load(future: int, queued: int, *, priority: int = 0) -> int:
                 )
     analyze()
     return now
+
+
+def load_children(count: int) -> int:
+    """
+    ``count`` running children of the backlog's runs asleep until later (one
+    INSERT ... SELECT), then ANALYZE. Returns how many.
+    """
+    if count <= 0:
+        return 0
+    table = WorkflowRun._meta.db_table
+    columns = "id, workflow, status, wake_at, queue, priority, sweep_wakes, parent_id, created_at, updated_at"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT {_uuid(CHILD_PREFIX)}, r.workflow, 'running', "  # noqa: S608
+            f"r.wake_at, r.queue, r.priority, 0, r.id, r.created_at, r.updated_at FROM {_numbers(count)} "
+            f"JOIN {table} r ON r.id = {_uuid(FUTURE_PREFIX)}"
+        )
+        inserted = cursor.rowcount
+    analyze()
+    return inserted
 
 
 def load_pending_steps() -> int:
