@@ -23,9 +23,8 @@ from django.views.decorators.http import require_POST
 
 from pikku_django.admin.base import has_change_perm, short_uuid
 from pikku_django.managers.held import PENDING, PENDING_LABEL
-from pikku_django.models import RunStatus, WorkflowRun
+from pikku_django.models import TASK_WORKFLOW, RunStatus, WorkflowRun
 from pikku_django.store.operate import RETRYABLE_RUN_STATUSES
-from pikku_django.tasks.results import TASK_WORKFLOW
 from pikku_django.workflows.control import cancel_workflow
 from pikku_django.workflows.operate import retry_workflow
 
