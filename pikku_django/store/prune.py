@@ -34,7 +34,8 @@ def _children(runs: QuerySet[WorkflowRun], parents: list[Any]) -> list[tuple[Any
             runs.filter(parent_id=pk).order_by().values_list("pk", "parent_id")
             for pk in parents[start : start + PROBES]
         ]
-        found.extend(arms[0].union(*arms[1:], all=True) if len(arms) > 1 else arms[0])
+        # The union's own order_by(): Django 6.1 would order it by the model's Meta.ordering.
+        found.extend(arms[0].union(*arms[1:], all=True).order_by() if len(arms) > 1 else arms[0])
     return found
 
 
