@@ -11,11 +11,21 @@ restarts_server`` (as .ci/run does after each server's parallel run).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 RESTARTS_SERVER = "restarts_server"
+
+# The suite starts a few hundred Python processes (pytest-xdist's workers and
+# the workers, sweeps and scripts the tests run), each importing the project:
+# from the bytecode cache, not compiled again each time, even where the
+# environment says PYTHONDONTWRITEBYTECODE. Set here, before xdist starts its
+# workers, so that they and every process they start inherit it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,6 +46,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             f"The tests marked {RESTARTS_SERVER} stop the database server, so a parallel run leaves "
             f"them out; on PostgreSQL or MariaDB run them alone: ... -m pytest -n 0 -m {RESTARTS_SERVER}"
         )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quick_password_hashes() -> Iterator[None]:
+    """
+    The admin tests' users get a password hashed in microseconds, not Django's
+    default PBKDF2 (about 0.4 s each), as Django's docs advise for test runs.
+    """
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 @pytest.fixture(autouse=True)

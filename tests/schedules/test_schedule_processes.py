@@ -1,5 +1,5 @@
 """
-Schedules under real processes on the live test database: eight schedulers
+Schedules under real processes on the live test database: five schedulers
 at once record each tick once, SIGKILLed schedulers leave every tick either
 recorded with its run or not at all, a scheduler whose clock runs two hours
 fast records nothing early, and a task tick reaches SUCCESSFUL through
@@ -99,7 +99,7 @@ class TickerTestCase(ProcessTestCase):
 
 
 class SchedulerProcessTests(TickerTestCase):
-    def test_eight_schedulers_record_each_tick_once(self) -> None:
+    def test_five_schedulers_record_each_tick_once(self) -> None:
         setting = {
             **minutes("latest"),
             **minutes("all", catch_up="all"),
@@ -111,7 +111,7 @@ class SchedulerProcessTests(TickerTestCase):
         for name in setting:
             age(name, last)
         start = db_now_ms()
-        procs = self.tickers(8, 20, setting)
+        procs = self.tickers(5, 20, setting)
         for proc in procs:
             send_line(proc, "go")
         recorded = self.results(procs)

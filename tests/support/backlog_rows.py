@@ -20,6 +20,8 @@ WORKFLOW = "backlog"
 FUTURE_PREFIX = "b4c10000"
 QUEUED_PREFIX = "b4c20000"
 CHILD_PREFIX = "b4c30000"
+MIXED_PREFIX = "b4c40000"
+MORE_PREFIX = "b4c50000"
 
 
 def _numbers(count: int) -> str:
@@ -68,6 +70,33 @@ def load(future: int, queued: int, *, priority: int = 0) -> int:
                 )
     analyze()
     return now
+
+
+def load_mixed(count: int, *, workflow: str = WORKFLOW, prefix: str = MIXED_PREFIX) -> int:
+    """
+    ``count`` runs as a kept history looks (one INSERT ... SELECT, no ANALYZE):
+    a quarter each running and due, suspended, completed and failed, over
+    three queues and fifty keys, their ids under ``prefix``. Returns how many.
+    """
+    table = WorkflowRun._meta.db_table
+    key_column = connection.ops.quote_name("key")
+    columns = (
+        f"id, workflow, status, wake_at, queue, {key_column}, priority, sweep_wakes, created_at, updated_at"
+    )
+    stamp = connection.ops.adapt_datetimefield_value(
+        datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+    )
+    key = "CONCAT('k', n.i %% 50)" if connection.vendor == "mysql" else "'k' || (n.i %% 50)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT {_uuid(prefix)}, %s, "  # noqa: S608
+            "CASE n.i %% 4 WHEN 0 THEN 'running' WHEN 1 THEN 'suspended' WHEN 2 THEN 'completed' "
+            "ELSE 'failed' END, CASE n.i %% 4 WHEN 0 THEN n.i ELSE NULL END, "
+            f"CASE n.i %% 3 WHEN 0 THEN 'default' WHEN 1 THEN 'emails' ELSE 'reports' END, {key}, "
+            f"0, 0, %s, %s FROM {_numbers(count)}",
+            [workflow, stamp, stamp],
+        )
+        return cursor.rowcount
 
 
 def load_children(count: int) -> int:

@@ -130,12 +130,12 @@ class SleepProcessTests(WorkerProcessTestCase):
 
 
 class SignalProcessTests(WorkerProcessTestCase):
-    def test_ten_senders_to_ten_waits_each_payload_consumed_once(self) -> None:
-        run = start_workflow("test.signals", {"name": "vote", "waits": 10})
+    def test_six_senders_to_six_waits_each_payload_consumed_once(self) -> None:
+        run = start_workflow("test.signals", {"name": "vote", "waits": 6})
         worker = self.worker("--holder", "w", "--interval", "0.05")
         self.ready(worker, "w")
         poll_until(lambda: status(run) == "suspended", timeout=60, interval=0.05)
-        senders = [start_script(SEND_SIGNAL, str(run.pk), "vote", json.dumps({"from": i})) for i in range(10)]
+        senders = [start_script(SEND_SIGNAL, str(run.pk), "vote", json.dumps({"from": i})) for i in range(6)]
         self.procs.extend(senders)
         for sender in senders:
             assert read_line(sender, timeout=60) == "ready\n"
@@ -146,11 +146,11 @@ class SignalProcessTests(WorkerProcessTestCase):
         poll_until(lambda: status(run) == "completed", timeout=60, interval=0.05)
 
         run.refresh_from_db()
-        assert sorted(payload["from"] for payload in run.output) == list(range(10))
+        assert sorted(payload["from"] for payload in run.output) == list(range(6))
         signals = WorkflowSignal.objects.filter(run=run)
-        assert signals.count() == 10
+        assert signals.count() == 6
         consumers = list(signals.values_list("consumed_by", flat=True))
-        assert None not in consumers and len(set(consumers)) == 10
+        assert None not in consumers and len(set(consumers)) == 6
         # Consumed oldest first: the output is in the order the signals were stored.
         assert run.output == list(signals.order_by("sent_at", "id").values_list("payload", flat=True))
         self.stop(worker, "w")
@@ -183,8 +183,8 @@ class ChildProcessTests(WorkerProcessTestCase):
 
 
 class IdempotencyProcessTests(WorkerProcessTestCase):
-    def test_ten_processes_racing_one_key_get_one_run(self) -> None:
-        starters = [start_script(START_ONCE, "test.double", "race-1") for _ in range(10)]
+    def test_five_processes_racing_one_key_get_one_run(self) -> None:
+        starters = [start_script(START_ONCE, "test.double", "race-1") for _ in range(5)]
         self.procs.extend(starters)
         for starter in starters:
             assert read_line(starter, timeout=60) == "ready\n"
