@@ -36,7 +36,6 @@ from pikku_django.store.queues import drain_queue, set_paused, sync_queues
 @admin.register(WorkflowQueue)
 class WorkflowQueueAdmin(RefreshMixin, ReadOnlyAdmin):
     list_display = ["name", "state", "runs_by_status", "due", "oldest_due", "slots", "busiest", "last_hour"]
-    list_filter = ["paused"]
     search_fields = ["name"]
     fields = [
         "name",
@@ -86,13 +85,14 @@ class WorkflowQueueAdmin(RefreshMixin, ReadOnlyAdmin):
 
     @admin.display(description="runs by status")
     def runs_by_status(self, obj: WorkflowQueue) -> str:
-        parts = []
-        for status in QUEUE_STATUSES:
-            count = getattr(obj, f"runs_{status}", 0)
-            url = reverse("admin:pikku_django_workflowrun_changelist")
-            link = '<a href="{}?queue={}&status={}">{} {}</a>'
-            parts.append(format_html(link, url, obj.name, status, count, status))
-        return format_html(", ".join(["{}"] * len(parts)), *parts)
+        # The statuses the queue has runs of, one per line; none at all as "-".
+        url = reverse("admin:pikku_django_workflowrun_changelist")
+        link = '<a href="{}?queue={}&status={}">{} {}</a>'
+        counts = [(status, getattr(obj, f"runs_{status}", 0)) for status in QUEUE_STATUSES]
+        parts = [format_html(link, url, obj.name, status, count, status) for status, count in counts if count]
+        if not parts:
+            return self.get_empty_value_display()
+        return format_html("<br>".join(["{}"] * len(parts)), *parts)
 
     @admin.display(description="due")
     def due(self, obj: WorkflowQueue) -> int:

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 
 from pikku_django.admin.base import has_change_perm, short_uuid
 from pikku_django.managers.held import PENDING, PENDING_LABEL
-from pikku_django.models import TASK_WORKFLOW, RunStatus, WorkflowRun
+from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.store.operate import RETRYABLE_RUN_STATUSES
 from pikku_django.workflows.control import cancel_workflow
 from pikku_django.workflows.operate import retry_workflow
@@ -44,9 +44,35 @@ STATUS_COLOURS: dict[str, str] = {
 
 def run_name(run: WorkflowRun) -> str:
     """The workflow's name, or for a Django task's run the task's own dotted path."""
-    if run.workflow == TASK_WORKFLOW and isinstance(run.input, dict) and run.input.get("task"):
-        return str(run.input["task"])
-    return run.workflow
+    return run.display_name
+
+
+#: The run page's fields left out when the run's own row says they are empty
+#: (no query asked): each field, and the columns that are all None if so.
+WHEN_SET = {
+    "wake_display": ("wake_at",),
+    "deadline_display": ("deadline_at",),
+    "parent_display": ("parent_id",),
+    "idempotency_key": ("idempotency_key",),
+    "key": ("key",),
+    "dedup_key": ("dedup_key",),
+    "forked_from": ("forked_from_id",),
+    "output_json": ("output",),
+    "error_json": ("error",),
+}
+
+
+def shown_fields(fields: list[str], run: WorkflowRun | None) -> list[str]:
+    """
+    A run page's fields, less those its row shows are empty (``WHEN_SET``),
+    so that the page leads with what the run has; the add form shows all.
+    """
+    if run is None:
+        return list(fields)
+    empty = {name for name, columns in WHEN_SET.items() if all(getattr(run, c) is None for c in columns)}
+    if not run.has_patches:
+        empty.add("patches_display")
+    return [name for name in fields if name not in empty]
 
 
 def coloured_status(status: str) -> str:

@@ -45,6 +45,7 @@ from pikku_django.admin.run_page import (
     retry_view,
     run_buttons,
     run_name,
+    shown_fields,
 )
 from pikku_django.admin.run_search import WorkflowFilter, search_runs
 from pikku_django.admin.steps import WorkflowStepInline
@@ -80,9 +81,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
         "queue",
         "steps_display",
         "age",
-        "waiting_display",
-        "wake_display",
-        "parent_display",
+        "waits_for",
         "priority",
     ]
     list_display_links = ["short_id"]
@@ -159,6 +158,9 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
             **waiting_annotations(),
         )
 
+    def get_fields(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
+        return shown_fields([str(name) for name in super().get_fields(request, obj)], obj)
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
     ) -> tuple[QuerySet[WorkflowRun], bool]:
@@ -201,7 +203,11 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
 
     @admin.display(description="workflow or task", ordering="workflow")
     def name_display(self, obj: WorkflowRun) -> str:
-        return run_name(obj)
+        """Its name, wrapping anywhere (a long dotted path); under a child's or an item's, its parent."""
+        name = format_html('<span style="overflow-wrap: anywhere">{}</span>', run_name(obj))
+        if obj.parent_id is None:
+            return name
+        return format_html("{}<br><small>of {}</small>", name, self.parent_display(obj))
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: WorkflowRun) -> str:
@@ -218,7 +224,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
     def short_id(self, obj: WorkflowRun) -> str:
         return short_uuid(obj.pk)
 
-    @admin.display(description="steps done")
+    @admin.display(description="steps")
     def steps_display(self, obj: WorkflowRun) -> str:
         done = getattr(obj, "steps_done", None)
         total = getattr(obj, "steps_total", None)
@@ -247,6 +253,11 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
     def waiting_display(self, obj: WorkflowRun) -> str:
         """Why the run waits: sleeping until …, waiting for signal "x" since …, waiting for child …."""
         return describe_wait(obj, db_now_ms(obj)) or self.get_empty_value_display()
+
+    @admin.display(description="waiting", ordering="wake_at")
+    def waits_for(self, obj: WorkflowRun) -> str:
+        """In the list, what the run waits for; else when it wakes ("due", or "in 12 s" for a backoff)."""
+        return describe_wait(obj, db_now_ms(obj)) or self.wake_display(obj)
 
     @admin.display(description="flow control")
     def flow_display(self, obj: WorkflowRun) -> str:

@@ -202,7 +202,14 @@ class WorkflowRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.workflow} {self.pk} ({self.status})"
+        return f"{self.display_name} {self.pk} ({self.status})"
+
+    @property
+    def display_name(self) -> str:
+        """The workflow's name, or for a Django task's run the task's own dotted path."""
+        if self.workflow == TASK_WORKFLOW and isinstance(self.input, dict) and self.input.get("task"):
+            return str(self.input["task"])
+        return self.workflow
 
     @property
     def lease_key(self) -> str:

@@ -10,9 +10,6 @@ returns the stored list.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,146 +19,29 @@ from django.db.models import F
 
 from pikku_django import validate
 from pikku_django.clock import DbNow
-from pikku_django.conf import conf
-from pikku_django.errors import (
-    FanOutReplayError,
-    InvalidArgumentError,
-    StepFailedError,
-    StepFunctionMismatchError,
-)
+from pikku_django.errors import InvalidArgumentError, StepFailedError
 from pikku_django.managers.steps import write_attempt
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.models.fanout import FanOutKind, WorkflowFanOut
-from pikku_django.policy import dump_policy, load_policy, step_policy
+from pikku_django.policy import dump_policy, step_policy
 from pikku_django.sql.conflicts import in_transaction
 from pikku_django.store import fanout as store
 from pikku_django.store.fanout import MAP_RPC, WORKFLOWS_RPC
-from pikku_django.workflows.registry import child_workflow, workflow
+from pikku_django.workflows.fanout_items import (
+    MAP_ITEM_WORKFLOW,
+    ItemKey,
+    checked_max_parallel,
+    fan_out_fits,
+    function_path,
+    item_keys,
+    json_list,
+    results_fit,
+    values_digest,
+)
+from pikku_django.workflows.registry import child_workflow
 from pikku_django.workflows.waits import Stop, Suspend, _data, unwinds_store_errors
 
 logger = logging.getLogger(__name__)
-
-#: The internal workflow each item of a ``ctx.map`` runs: one step, ``fn(item)``.
-MAP_ITEM_WORKFLOW = "pikku_django.map_item"
-
-
-def function_path(argument: str, fn: object) -> str:
-    """
-    ``module:qualname`` of ``fn``, which any worker imports to call it;
-    refused unless importing that path gives back ``fn`` (a lambda, a nested
-    function or a bound method cannot be found that way).
-    """
-    if not callable(fn):
-        raise InvalidArgumentError(f"{argument} must be callable, not {type(fn).__name__}.")
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
-        try:
-            if import_function(f"{module}:{qualname}") is fn:
-                return f"{module}:{qualname}"
-        except (ImportError, AttributeError):
-            pass
-    raise InvalidArgumentError(
-        f"{argument}: {fn!r} cannot be imported by its name, so another worker could not call it; "
-        "pass a function defined at the top level of a module."
-    )
-
-
-def import_function(path: str) -> Callable[..., Any]:
-    """The function at ``module:qualname``."""
-    module, _, qualname = path.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target  # type: ignore[no-any-return]
-
-
-def item_result_bound(count: int) -> int:
-    """
-    The most bytes of JSON one item's result may take so that the list of
-    a map's ``count`` results fits ``PIKKU_MAX_JSON_BYTES``: its share of
-    the limit, less the two bytes of the ", " that follows it in the list.
-    """
-    return conf.MAX_JSON_BYTES // count - 2
-
-
-@workflow(MAP_ITEM_WORKFLOW, internal=True)
-def map_item(ctx: Any, input: dict[str, Any]) -> Any:
-    """
-    One item of a ``ctx.map``: its function called on it, as a step of this
-    run, whose result is bounded by its share of ``PIKKU_MAX_JSON_BYTES``
-    (``item_result_bound``, judged by the limit as it is when the item runs).
-    """
-    count = input.get("of")
-    if count:
-        bound = item_result_bound(int(count))
-        ctx.result_bound = (
-            bound,
-            f"an item of a map of {count} items stores at most {bound} bytes, its share of "
-            f"PIKKU_MAX_JSON_BYTES ({conf.MAX_JSON_BYTES}), so that the list of their results can be stored",
-        )
-    fn = import_function(input["fn"])
-    options = dict(input.get("options", {}))
-    # The map's policy as stored (backoff and retry_on by their paths).
-    options.update(load_policy(options.pop("policy", {})))
-    return ctx.step(input["step"], fn, input["item"], **options)
-
-
-def _json_list(argument: str, values: object) -> list[Any]:
-    if not isinstance(values, (list, tuple)):
-        raise InvalidArgumentError(f"{argument} must be a list of JSON values, not {type(values).__name__}.")
-    return [validate.json_value(f"{argument}[{index}]", value) for index, value in enumerate(values)]
-
-
-def _results_fit(count: int) -> None:
-    """Refuse a map of ``count`` items whose list of results could not be stored, were each ``null``."""
-    if count and item_result_bound(count) < len("null"):
-        raise InvalidArgumentError(
-            f"items: the results of {count} items cannot be stored as one list within "
-            f"PIKKU_MAX_JSON_BYTES ({conf.MAX_JSON_BYTES}), at most {item_result_bound(count)} bytes each; "
-            "map fewer items per step, or raise the limit."
-        )
-
-
-def _max_parallel(value: object) -> int | None:
-    if value is None:
-        return None
-    return validate.whole("max_parallel", value, minimum=1, maximum=validate.MAX_INTEGER)
-
-
-#: A fan-out's ``key``: one key for every child, or a function of each item (or input).
-ItemKey = str | Callable[[Any], str] | None
-
-
-def _item_keys(key: ItemKey, values: list[Any]) -> list[str | None] | None:
-    """
-    Each child's flow-control key (docs/flow-control.md): ``key`` itself, or
-    ``key(value)`` per item; None without one. Refused naming the item.
-    """
-    if key is None:
-        return None
-    if not callable(key):
-        return [validate.name("key", key)] * len(values)
-    return [validate.name(f"key of item {index}", key(value)) for index, value in enumerate(values)]
-
-
-def _digest(values: Sequence[Any]) -> str:
-    text = json.dumps(list(values), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def fan_out_fits(
-    run_id: Any, name: str, stored: dict[str, Any], target: dict[str, str], values: list[Any], argument: str
-) -> None:
-    """
-    A fan-out step as stored (``stored``, its data) fits this replay's call:
-    the same function or workflow (``target``), and the same list of items.
-    Else ``StepFunctionMismatchError`` or ``FanOutReplayError``.
-    """
-    for key, value in target.items():
-        if stored.get(key) != value:
-            raise StepFunctionMismatchError(run_id, name, str(stored.get(key)), value)
-    if stored.get("count") != len(values) or stored.get("digest") != _digest(values):
-        raise FanOutReplayError(run_id, name, argument, stored.get("count"), len(values))
 
 
 class FanOutMixin:
@@ -208,9 +88,9 @@ class FanOutMixin:
         """
         validate.name("name", name)
         path = function_path("fn", fn)
-        values = _json_list("items", items)
-        limit = _max_parallel(max_parallel)
-        keys = _item_keys(key, values)
+        values = json_list("items", items)
+        limit = checked_max_parallel(max_parallel)
+        keys = item_keys(key, values)
         options: dict[str, Any] = {}
         if retries is not None:
             options["retries"] = validate.retries("retries", retries)
@@ -230,7 +110,7 @@ class FanOutMixin:
             given = {"max_attempts": policy.max_attempts, "worker_losses": policy.worker_losses}
             options.update({key: value for key, value in given.items() if value is not None})
             options["policy"] = dump_policy(policy)
-        _results_fit(len(values))
+        results_fit(len(values))
         item = {"fn": path, "step": name, "of": len(values), **({"options": options} if options else {})}
         inputs = [{**item, "item": value} for value in values]
         return self._fan_out(
@@ -256,9 +136,9 @@ class FanOutMixin:
         """
         validate.name("name", name)
         child_workflow("workflow_name", workflow_name)
-        values = _json_list("inputs", inputs)
-        limit = _max_parallel(max_parallel)
-        keys = _item_keys(key, values)
+        values = json_list("inputs", inputs)
+        limit = checked_max_parallel(max_parallel)
+        keys = item_keys(key, values)
         return self._fan_out(
             name, WORKFLOWS_RPC, FanOutKind.WORKFLOWS, workflow_name, values, values, limit,
             {"workflow": workflow_name}, keys,
@@ -280,7 +160,7 @@ class FanOutMixin:
     ) -> list[Any]:
         argument = "items" if kind == FanOutKind.MAP else "inputs"
         self._use_name(name)
-        digest = _digest(values)
+        digest = values_digest(values)
         step = self._special_step(
             name,
             rpc_name,

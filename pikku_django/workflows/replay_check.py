@@ -26,7 +26,7 @@ from pikku_django.errors import (
 from pikku_django.managers.signals import SIGNAL_RPC
 from pikku_django.models import WorkflowPatch, WorkflowRun, WorkflowStep
 from pikku_django.store.fanout import MAP_RPC, WORKFLOWS_RPC
-from pikku_django.workflows.fanout import fan_out_fits, function_path
+from pikku_django.workflows.fanout_items import fan_out_fits, function_path
 from pikku_django.workflows.patches import unasked_marker
 from pikku_django.workflows.registry import get_workflow
 from pikku_django.workflows.replay import fitting_rpc_name

@@ -7,6 +7,7 @@ number of queries however many runs, ``?refresh=5``; and ``pikku_queues``.
 from __future__ import annotations
 
 import json
+import re
 from io import StringIO
 
 from django.contrib.auth.models import Permission, User
@@ -63,6 +64,10 @@ class QueuesPageTests(TestCase):
         assert "1 / 2" in page  # slots used / limit
         assert "1 min 30 s" in page or "1 min 31 s" in page  # the oldest due run's age, on the DB clock
         assert "∞" in page  # reports has no limit
+        # The statuses a queue has runs of, each a link to them; none of the others.
+        assert 'status=running">3 running</a><br>' in page and 'status=failed">1 failed</a>' in page
+        cells = re.findall(r'<td class="field-runs_by_status">(.*?)</td>', page, re.S)
+        assert len(cells) == 2 and not any(">0 " in cell for cell in cells), cells
 
     def test_pause_resume_and_drain_actions(self) -> None:
         now = Lease.objects.db_now_ms()

@@ -86,6 +86,28 @@ class RunPageTests(TestCase):
         assert error_last_line(WorkflowRun.objects.get(pk=failed.pk).error)[:40] in page
         assert "color: #c62828" in page  # failed
 
+    def test_a_child_shows_its_parent_under_its_name(self) -> None:
+        parent = start_workflow("test.parent", {"child": "test.double", "child_input": 2})
+        Worker(holder="w", once=True, max_runs=1).run()
+        child = WorkflowRun.objects.get(parent=parent)
+        page = self.get(reverse(RUNS))
+        row = page[page.index(str(child.pk)[:8]) :]
+        row = row[: row.index("</tr>")]
+        assert f'<small>of <a href="{page_url(parent)}">{str(parent.pk)[:8]}</a></small>' in row
+        assert "parent" not in page[page.index("<thead>") : page.index("</thead>")].lower()
+
+    def test_the_page_leaves_off_what_the_run_does_not_have(self) -> None:
+        plain = start_workflow("test.double", 2, inline=True)
+        page = self.get(page_url(plain))
+        for absent in ("wake_display", "deadline_display", "parent_display", "dedup_key", "error_json"):
+            assert f"field-{absent}" not in page, absent
+        assert "field-output_json" in page and "field-summary" in page
+        keyed = start_workflow("test.double", 2, key="tenant-1", timeout_ms=60_000)
+        page = self.get(page_url(keyed))
+        assert "field-key" in page and "tenant-1" in page
+        assert "field-deadline_display" in page and "field-wake_display" in page
+        assert "field-output_json" not in page
+
     def test_a_fan_outs_items_are_hidden_from_the_list_by_default(self) -> None:
         parent = start_workflow("test.map", {"items": [1, 2, 3]})
         Worker(holder="w", once=True, max_runs=1).run()

@@ -21,7 +21,7 @@ from pikku_django.errors import InvalidArgumentError, WorkflowNotFoundError
 from pikku_django.models import WorkflowFanOut, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.workflows import cancel_workflow, retry_workflow, run_workflow, start_workflow
 from pikku_django.workflows.context import RunContext
-from pikku_django.workflows.fanout import MAP_ITEM_WORKFLOW
+from pikku_django.workflows.fanout_items import MAP_ITEM_WORKFLOW
 from pikku_django.workflows.waits import Suspend
 from testproject.testing.fanout_workflows import record_item
 from testproject.testing.models import StepCall

@@ -16,7 +16,7 @@ from pikku_django.models import Lease, WorkflowRun
 from pikku_django.queues import key_slot_keys
 from pikku_django.worker import Worker
 from pikku_django.workflows import start_workflow
-from pikku_django.workflows.fanout import _item_keys
+from pikku_django.workflows.fanout_items import item_keys
 from tests.support.factories import lapse
 
 PER_KEY = {"sync": {"per_key": {"concurrency": 1}}}
@@ -57,13 +57,13 @@ class FanOutKeyTests(TransactionTestCase):
 
 class ItemKeyTests(SimpleTestCase):
     def test_a_key_is_a_string_for_all_or_a_function_of_each_item(self) -> None:
-        assert _item_keys(None, [1, 2]) is None
-        assert _item_keys("k", [1, 2]) == ["k", "k"]
-        assert _item_keys(lambda item: f"n:{item}", [1, 2]) == ["n:1", "n:2"]
+        assert item_keys(None, [1, 2]) is None
+        assert item_keys("k", [1, 2]) == ["k", "k"]
+        assert item_keys(lambda item: f"n:{item}", [1, 2]) == ["n:1", "n:2"]
 
     def test_a_bad_key_is_refused_naming_its_item(self) -> None:
         with pytest.raises(InvalidArgumentError, match="key of item 1"):
-            _item_keys(lambda item: item, ["ok", ""])
+            item_keys(lambda item: item, ["ok", ""])
         bad: Any = 3
         with pytest.raises(InvalidArgumentError, match="key"):
-            _item_keys(bad, [1])
+            item_keys(bad, [1])
