@@ -41,7 +41,7 @@ Rect = tuple[str, str, str, str, str, str]
 
 
 def _svg(kind: str, label: str, rects: list[Rect]) -> SafeString:
-    """A chart's ``<svg>``: its bars, a base line, and its label under them."""
+    """A chart's ``<svg>``: its bars, a base line, and its label under them (it may run past the bars)."""
     bars = format_html_join(
         "",
         '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>',
@@ -49,7 +49,8 @@ def _svg(kind: str, label: str, rects: list[Rect]) -> SafeString:
     )
     return format_html(
         '<svg xmlns="http://www.w3.org/2000/svg" class="pikku-chart pikku-chart-{}" width="{}" height="{}" '
-        'role="img" aria-label="{}">{}<line x1="0" y1="{}" x2="{}" y2="{}" stroke="{}"></line>'
+        'overflow="visible" role="img" aria-label="{}">{}'
+        '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="{}"></line>'
         '<text x="0" y="{}" font-size="9">{}</text></svg>',
         kind,
         PLOT_WIDTH,
