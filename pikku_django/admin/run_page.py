@@ -42,23 +42,18 @@ STATUS_COLOURS: dict[str, str] = {
 }
 
 
-def run_name(run: WorkflowRun) -> str:
-    """The workflow's name, or for a Django task's run the task's own dotted path."""
-    return run.display_name
-
-
-#: The run page's fields left out when the run's own row says they are empty
-#: (no query asked): each field, and the columns that are all None if so.
+#: The run page's fields left out when the run's own row leaves their column
+#: empty (no query asked): each field and its column.
 WHEN_SET = {
-    "wake_display": ("wake_at",),
-    "deadline_display": ("deadline_at",),
-    "parent_display": ("parent_id",),
-    "idempotency_key": ("idempotency_key",),
-    "key": ("key",),
-    "dedup_key": ("dedup_key",),
-    "forked_from": ("forked_from_id",),
-    "output_json": ("output",),
-    "error_json": ("error",),
+    "wake_display": "wake_at",
+    "deadline_display": "deadline_at",
+    "parent_display": "parent_id",
+    "idempotency_key": "idempotency_key",
+    "key": "key",
+    "dedup_key": "dedup_key",
+    "forked_from": "forked_from_id",
+    "output_json": "output",
+    "error_json": "error",
 }
 
 
@@ -69,7 +64,7 @@ def shown_fields(fields: list[str], run: WorkflowRun | None) -> list[str]:
     """
     if run is None:
         return list(fields)
-    empty = {name for name, columns in WHEN_SET.items() if all(getattr(run, c) is None for c in columns)}
+    empty = {name for name, column in WHEN_SET.items() if getattr(run, column) is None}
     if not run.has_patches:
         empty.add("patches_display")
     return [name for name in fields if name not in empty]

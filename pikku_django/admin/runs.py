@@ -44,7 +44,6 @@ from pikku_django.admin.run_page import (
     readable_error,
     retry_view,
     run_buttons,
-    run_name,
     shown_fields,
 )
 from pikku_django.admin.run_search import WorkflowFilter, search_runs
@@ -194,7 +193,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
         return format_html(
             '{} · <strong>{}</strong> · queue {} · {} old{}<div style="margin-top: .5em">{}</div>',
             coloured_status(shown_status(obj)),
-            run_name(obj),
+            obj.display_name,
             obj.queue,
             self.age(obj),
             format_html(' · <code style="color: #c62828">{}</code>', error) if error else "",
@@ -204,7 +203,7 @@ class WorkflowRunAdmin(RefreshMixin, ReadOnlyAdmin):
     @admin.display(description="workflow or task", ordering="workflow")
     def name_display(self, obj: WorkflowRun) -> str:
         """Its name, wrapping anywhere (a long dotted path); under a child's or an item's, its parent."""
-        name = format_html('<span style="overflow-wrap: anywhere">{}</span>', run_name(obj))
+        name = format_html('<span style="overflow-wrap: anywhere">{}</span>', obj.display_name)
         if obj.parent_id is None:
             return name
         return format_html("{}<br><small>of {}</small>", name, self.parent_display(obj))

@@ -13,7 +13,6 @@ from typing import Any
 from pikku_django.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from pikku_django.signals import attempt_failed, run_finished, send_after_commit, worker_lost
 from pikku_django.workflows import tracing
-from pikku_django.workflows.registry import is_internal
 
 #: ``manage.py pikku_worker`` shows this logger's INFO at verbosity 1.
 logger = logging.getLogger("pikku_django.activity")
@@ -46,10 +45,8 @@ def last_line(error: Any) -> str:
 
 def run_name(run: WorkflowRun) -> str:
     """What a line calls ``run``'s work: its workflow, or for a Django task's run its task's path."""
-    task = run.input.get("task") if isinstance(run.input, dict) else None
-    if is_internal(run.workflow) and isinstance(task, str):
-        return f"task {task}"
-    return run.workflow
+    name = run.display_name
+    return name if name == run.workflow else f"task {name}"
 
 
 def tell_run_ended(run: WorkflowRun, status: str, using: str) -> None:
